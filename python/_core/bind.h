@@ -1,0 +1,12 @@
+// Registration functions of the binding areas (one bind_<area>.cpp each).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace bonsai_py {
+
+void bind_types(pybind11::module_& m);   // type table, build information, the Error exception
+void bind_quants(pybind11::module_& m);  // reference quantize / dequantize
+void bind_gguf(pybind11::module_& m);    // GGUF reader
+
+}  // namespace bonsai_py

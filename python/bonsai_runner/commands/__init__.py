@@ -1,0 +1,1 @@
+"""Sub-commands of the ``bonsai`` CLI (see bonsai_runner.cli)."""
