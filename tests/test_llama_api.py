@@ -197,3 +197,275 @@ def test_bad_messages(bad, msg):
         validate_messages(bad)
     with pytest.raises(BonsaiError, match=msg):
         ChatTemplate(None).render(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama facade over a strict pure-numpy stand-in for the engine (tests/fake_core.py)
+
+import numpy as np  # noqa: E402
+
+import fake_core  # noqa: E402
+from bonsai_runner import llama as llama_mod  # noqa: E402
+from bonsai_runner.completion_format import log_softmax  # noqa: E402
+
+
+@pytest.fixture
+def make_llama(monkeypatch, tmp_path):
+    monkeypatch.setattr(llama_mod, "_core", fake_core)
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"GGUF")
+    made = []
+
+    def make(**kw):
+        kw.setdefault("n_ctx", 128)
+        kw.setdefault("verbose", False)
+        m = llama_mod.Llama(str(path), **kw)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.close()
+
+
+def _corpus_after(prefix: str, n: int) -> str:
+    c = bytes(t for t in fake_core.CORPUS if t < 256)
+    i = c.index(prefix.encode()) + len(prefix.encode())
+    return c[i:i + n].decode("utf-8", errors="ignore")
+
+
+def test_fake_greedy_completion_shape_and_text(make_llama):
+    llm = make_llama()
+    r = llm("The answer", max_tokens=8, temperature=0)
+    assert set(r) == {"id", "object", "created", "model", "choices", "usage"}
+    assert r["id"].startswith("cmpl-") and r["object"] == "text_completion"
+    assert r["model"] == llm.model_path and isinstance(r["created"], int)
+    c = r["choices"][0]
+    assert c == {"text": _corpus_after("The answer", 8), "index": 0, "logprobs": None, "finish_reason": "length"}
+    assert r["usage"] == {"prompt_tokens": 11, "completion_tokens": 8, "total_tokens": 19}
+    assert llm("The answer", max_tokens=8, temperature=0)["choices"][0]["text"] == c["text"]
+
+
+def test_fake_prefix_reuse_matches_fresh_and_skips_prefill(make_llama):
+    llm = make_llama()
+    first = llm("The answer is", max_tokens=5, temperature=0)["choices"][0]["text"]
+    before = llm._ctx.decoded_tokens
+    again = llm("The answer is", max_tokens=5, temperature=0)["choices"][0]["text"]
+    assert again == first
+    assert llm._ctx.decoded_tokens - before == 1 + 4  # one prompt token re-evaluated + 4 generated
+    # a prompt sharing a prefix: only the differing tail is evaluated, and the result equals a fresh model's
+    before = llm._ctx.decoded_tokens
+    shared = llm("The answer is 4", max_tokens=6, temperature=0)["choices"][0]["text"]
+    assert llm._ctx.decoded_tokens - before == 1 + 5  # " 4" was already evaluated as generated text
+    fresh = make_llama()("The answer is 4", max_tokens=6, temperature=0)["choices"][0]["text"]
+    assert shared == fresh == _corpus_after("The answer is 4", 6)
+    before = llm._ctx.decoded_tokens
+    diverged = llm("The answer is 5!", max_tokens=6, temperature=0)["choices"][0]["text"]
+    assert llm._ctx.decoded_tokens - before == 2 + 5
+    assert diverged == make_llama()("The answer is 5!", max_tokens=6, temperature=0)["choices"][0]["text"]
+    # a completely different prompt drops the old cache
+    llm("Q: what", max_tokens=2, temperature=0)
+    assert llm._ctx.kv[:1] == [fake_core.BOS] and llm.n_tokens == len(llm._ctx.kv)
+
+
+def test_fake_batches_respect_n_batch(make_llama):
+    llm = make_llama(n_batch=4)
+    llm("The answer is", max_tokens=1, temperature=0)
+    assert llm._ctx.batch_sizes == [4, 4, 4, 2]
+
+
+def test_fake_stream_equals_non_stream_and_chunk_shapes(make_llama):
+    llm = make_llama()
+    full = llm("Q: what", max_tokens=None, temperature=0)
+    chunks = list(llm("Q: what", max_tokens=None, temperature=0, stream=True))
+    assert full["choices"][0]["finish_reason"] == "stop"  # the model emitted EOS
+    for ch in chunks:
+        assert set(ch) == {"id", "object", "created", "model", "choices"}
+        assert ch["object"] == "text_completion" and ch["id"] == chunks[0]["id"]
+        assert set(ch["choices"][0]) == {"text", "index", "logprobs", "finish_reason"}
+        assert "\ufffd" not in ch["choices"][0]["text"]
+    assert all(ch["choices"][0]["finish_reason"] is None for ch in chunks[:-1])
+    assert chunks[-1]["choices"][0] == {"text": "", "index": 0, "logprobs": None, "finish_reason": "stop"}
+    text = "".join(ch["choices"][0]["text"] for ch in chunks)
+    assert text == full["choices"][0]["text"] == _corpus_after("Q: what", 100)
+    assert "你好" in text and "🙂" in text
+
+
+def test_fake_stop_strings_not_leaked(make_llama):
+    llm = make_llama()
+    r = llm("The answer", max_tokens=30, temperature=0, stop=["\n\nQ", "zzz"])
+    assert r["choices"][0]["text"] == " is 42." and r["choices"][0]["finish_reason"] == "stop"
+    chunks = list(llm("The answer", max_tokens=30, temperature=0, stop="\n\nQ", stream=True))
+    texts = [c["choices"][0]["text"] for c in chunks]
+    assert "".join(texts) == " is 42." and not any("\n" in t for t in texts)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # a stop that never completes is released at the end
+    r = llm("The answer", max_tokens=5, temperature=0, stop=" is 42!")
+    assert r["choices"][0]["text"] == " is 4" and r["choices"][0]["finish_reason"] == "length"
+
+
+def test_fake_echo_and_suffix(make_llama):
+    llm = make_llama()
+    r = llm("The answer", max_tokens=3, temperature=0, echo=True)
+    assert r["choices"][0]["text"] == "The answer" + _corpus_after("The answer", 3)
+    s = "".join(c["choices"][0]["text"] for c in llm("The answer", max_tokens=3, temperature=0, echo=True, stream=True))
+    assert s == r["choices"][0]["text"]
+    r = llm("The answer", max_tokens=3, temperature=0, suffix="!!")
+    assert r["choices"][0]["text"] == _corpus_after("The answer", 3) + "!!"
+
+
+def test_fake_token_list_prompt_has_no_implicit_bos(make_llama):
+    llm = make_llama()
+    toks = llm.tokenize(b"The answer")
+    assert toks[0] == llm.token_bos()
+    r = llm(toks, max_tokens=3, temperature=0)
+    assert r["usage"]["prompt_tokens"] == len(toks)
+    assert r["choices"][0]["text"] == _corpus_after("The answer", 3)
+
+
+def test_fake_logprobs_values(make_llama):
+    llm = make_llama()
+    r = llm("The answer", max_tokens=4, temperature=0, logprobs=3)
+    lp = r["choices"][0]["logprobs"]
+    assert set(lp) == {"tokens", "text_offset", "token_logprobs", "top_logprobs"}
+    history = llm.tokenize(b"The answer")
+    assert lp["text_offset"] == [10, 11, 12, 13]
+    for i, tok in enumerate(" is "):
+        ref = log_softmax(fake_core.reference_logits(history))
+        t = ord(tok)
+        assert lp["tokens"][i] == tok
+        assert lp["token_logprobs"][i] == pytest.approx(ref[t], abs=1e-5)
+        top = lp["top_logprobs"][i]  # keyed by text: undecodable byte tokens collapse into ""
+        assert 1 <= len(top) <= 4 and max(top.values()) == pytest.approx(ref.max(), abs=1e-5)
+        history.append(t)
+    # streamed chunks carry the logprobs of their own tokens
+    chunks = list(llm("The answer", max_tokens=4, temperature=0, logprobs=3, stream=True))
+    streamed = [x for c in chunks[:-1] for x in c["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed == pytest.approx(lp["token_logprobs"])
+
+
+def test_fake_echo_logprobs_need_logits_all(make_llama):
+    with pytest.raises(BonsaiError, match="logits_all=True"):
+        make_llama()("The answer", max_tokens=2, logprobs=1, echo=True)
+    llm = make_llama(logits_all=True)
+    lp = llm("The an", max_tokens=2, temperature=0, logprobs=1, echo=True)["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["T", "h", "e", " ", "a", "n", "s", "w"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    ref = log_softmax(fake_core.reference_logits([fake_core.BOS, ord("T")]))
+    assert lp["token_logprobs"][1] == pytest.approx(ref[ord("h")], abs=1e-5)
+    assert lp["text_offset"] == list(range(8))
+    ref = log_softmax(fake_core.reference_logits(llm.tokenize(b"The an")))
+    assert lp["token_logprobs"][6] == pytest.approx(ref[ord("s")], abs=1e-5)
+
+
+def test_fake_logits_all_scores_match_every_position(make_llama):
+    llm = make_llama(logits_all=True, n_batch=3)
+    toks = llm.tokenize(b"The answer")
+    llm.eval(toks)
+    assert llm.n_tokens == len(toks) and llm.scores.shape == (128, fake_core.N_VOCAB)
+    for i in range(len(toks)):
+        np.testing.assert_allclose(llm.scores[i], fake_core.reference_logits(toks[: i + 1]), rtol=0, atol=0)
+    assert list(llm.input_ids[: llm.n_tokens]) == toks
+    llm.reset()
+    assert llm.n_tokens == 0 and llm._ctx.kv == []
+
+
+def test_fake_sampling_seed_reproducible(make_llama):
+    llm = make_llama()
+    a = llm("The", max_tokens=12, temperature=1.5, top_p=1.0, seed=7)["choices"][0]["text"]
+    b = llm("The", max_tokens=12, temperature=1.5, top_p=1.0, seed=7)["choices"][0]["text"]
+    c = llm("The", max_tokens=12, temperature=1.5, top_p=1.0, seed=8)["choices"][0]["text"]
+    assert a == b and a != c
+    seeded = make_llama(seed=3)
+    assert seeded("The", max_tokens=12, temperature=1.5)["choices"][0]["text"] == \
+        seeded("The", max_tokens=12, temperature=1.5)["choices"][0]["text"]
+
+
+def test_fake_max_tokens_until_context_end(make_llama):
+    llm = make_llama(n_ctx=16)
+    r = llm("The", max_tokens=0, temperature=0)
+    assert r["usage"]["total_tokens"] == 16 and r["choices"][0]["finish_reason"] == "length"
+    r = llm("The", max_tokens=1000, temperature=0)
+    assert r["usage"]["completion_tokens"] == 12
+
+
+def test_fake_chat_completion(make_llama):
+    llm = make_llama()
+    msgs = [{"role": "user", "content": "The answer"}]
+    r = llm.create_chat_completion(msgs, max_tokens=5, temperature=0)
+    assert r["id"].startswith("chatcmpl-") and r["object"] == "chat.completion"
+    assert r["choices"][0]["message"]["role"] == "assistant"
+    assert r["choices"][0]["finish_reason"] == "length"
+    prompt = "<s><|im_start|>user\nThe answer<|im_end|>\n<|im_start|>assistant\n"
+    assert r["usage"]["prompt_tokens"] == len(llm.tokenize(prompt.encode(), add_bos=False, special=True))
+    chunks = list(llm.create_chat_completion(msgs, max_tokens=5, temperature=0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["choices"][0]["delta"] == {} and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert content == r["choices"][0]["message"]["content"]
+    lp = llm.create_chat_completion(msgs, max_tokens=2, temperature=0, logprobs=True, top_logprobs=2)
+    entry = lp["choices"][0]["logprobs"]["content"][0]
+    assert set(entry) == {"token", "bytes", "logprob", "top_logprobs"} and len(entry["top_logprobs"]) == 2
+
+
+def test_fake_tokens_and_facts(make_llama):
+    llm = make_llama()
+    assert llm.detokenize(llm.tokenize(b"hi there")) == b"hi there"
+    assert llm.tokenize(b"hi", add_bos=False) == [104, 105]
+    assert llm.tokenize(b"<|im_end|>", add_bos=False, special=True) == [fake_core.IM_END]
+    assert (llm.n_ctx(), llm.n_vocab(), llm.token_bos(), llm.token_eos(), llm.n_embd()) == \
+        (128, fake_core.N_VOCAB, fake_core.BOS, fake_core.EOS, 16)
+
+
+def test_fake_close_and_context_manager(make_llama):
+    with make_llama() as llm:
+        model, ctx = llm._model, llm._ctx
+        llm("The", max_tokens=1)
+    assert model.closed and ctx.closed
+    with pytest.raises(BonsaiError, match="closed"):
+        llm("The", max_tokens=1)
+    llm.close()
+    llm.__del__()
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(prompt=""), "prompt is empty"),
+    (dict(prompt=[]), "prompt is empty"),
+    (dict(prompt="x" * 200), "does not fit the context"),
+    (dict(prompt=[1, 999]), "invalid token id 999"),
+    (dict(prompt=3), "prompt must be a string"),
+    (dict(prompt="a", temperature=-0.1), "temperature must be >= 0"),
+    (dict(prompt="a", top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(prompt="a", top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(prompt="a", max_tokens="5"), "max_tokens must be an integer"),
+    (dict(prompt="a", max_tokens=2.5), "max_tokens must be an integer"),
+    (dict(prompt="a", max_tokens=True), "max_tokens must be an integer"),
+    (dict(prompt="a", stop=5), "stop must be"),
+    (dict(prompt="a", logprobs=-1), "logprobs must be >= 0"),
+    (dict(prompt="a", suffix=3), "suffix must be a string"),
+])
+def test_fake_bad_completion_input(make_llama, kwargs, msg):
+    llm = make_llama()
+    with pytest.raises(BonsaiError, match=msg):
+        llm.create_completion(**kwargs)
+    with pytest.raises(BonsaiError, match=msg):  # streams validate before the first chunk
+        llm.create_completion(stream=True, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(type_k="q4_0"), "unknown KV cache type type_k='q4_0'"),
+    (dict(type_v="int8"), "unknown KV cache type type_v='int8'"),
+    (dict(n_ctx=-1), "n_ctx must be >= 0"),
+    (dict(n_batch=0), "n_batch must be >= 1"),
+    (dict(n_threads="4"), "n_threads must be an integer"),
+])
+def test_fake_bad_constructor_input(make_llama, kwargs, msg):
+    with pytest.raises(BonsaiError, match=msg):
+        make_llama(**kwargs)
+
+
+def test_missing_model_file_is_clear(monkeypatch, tmp_path):
+    monkeypatch.setattr(llama_mod, "_core", fake_core)
+    with pytest.raises(BonsaiError, match="model file not found"):
+        llama_mod.Llama(str(tmp_path / "nope.gguf"))

@@ -3,3 +3,12 @@
 __version__ = "0.1.0"
 
 from .errors import BonsaiError  # noqa: E402,F401
+
+
+def __getattr__(name):
+    # `Llama` is imported on first use, so `import bonsai_runner` stays light (no numpy, no jinja2).
+    if name == "Llama":
+        from .llama import Llama
+
+        return Llama
+    raise AttributeError(f"module 'bonsai_runner' has no attribute {name!r}")

@@ -1,0 +1,522 @@
+"""`Llama`: the high-level Python API over the native engine, modelled on llama-cpp-python's `Llama`.
+
+One `Llama` owns one `_core.Model` and one single-sequence `_core.Context`. It mirrors the
+evaluated tokens in `input_ids[:n_tokens]` (sequence 0 of the KV cache holds exactly these) and the
+logits in `scores` (every evaluated row when `logits_all=True`, otherwise the last row of each
+batch). Each generation starts by keeping the KV cache of the longest common prefix of the new
+prompt and the evaluated tokens (at least one prompt token is always re-evaluated so there are fresh
+logits to sample from) and removing the rest, so chat turns and repeated prompts skip most prefill.
+
+Generation is lazy: a sampled token is evaluated only when the next token is wanted, so a call
+that stops on max_tokens leaves its last token unevaluated, as llama-cpp-python does. Text goes
+through `TextStream`, which keeps partial UTF-8 characters and possible stop-string prefixes out of
+streamed chunks; streamed and non-streamed calls share this path, so their text is identical.
+
+Not thread-safe: one call at a time per `Llama` (the engine's `decode` releases the GIL, so other
+Python threads keep running while it computes).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from . import completion_format as fmt
+from .chat_template import ChatTemplate
+from .errors import BonsaiError
+from .text_stream import TextStream, normalize_stop
+
+try:
+    from . import _core
+except ImportError:  # the package without its native module: Llama() explains how to build it
+    _core = None
+
+__all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # "pick a random seed", as in llama.cpp
+CACHE_TYPES = ("f16", "q8_0")
+
+
+def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise BonsaiError(f"{name} must be an integer, not {type(value).__name__} ({value!r})")
+    if minimum is not None and value < minimum:
+        raise BonsaiError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise BonsaiError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
+    return float(value)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Llama:
+    """A model and its context. See the module docstring for the caching behaviour."""
+
+    def __init__(self, model_path: Union[str, os.PathLike], *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_threads: Optional[int] = None, n_gpu_layers: int = 0, type_k: str = "f16",
+                 type_v: str = "f16", flash_attn: bool = False, seed: int = LLAMA_DEFAULT_SEED,
+                 logits_all: bool = False, use_mmap: bool = True, tokenizer: Optional[str] = None,
+                 chat_template: Optional[str] = None, verbose: bool = True):
+        self._model = None
+        self._ctx = None
+        if _core is None or not hasattr(_core, "Model"):
+            raise BonsaiError("the native engine (bonsai_runner._core) is not built: "
+                              "run `pip install .` or scripts/dev_build.sh")
+        path = os.fspath(model_path)
+        if not os.path.isfile(path):
+            raise BonsaiError(f"model file not found: {path}")
+        n_ctx = _check_int("n_ctx", n_ctx, 0)
+        n_batch = _check_int("n_batch", n_batch, 1)
+        n_threads = 0 if n_threads is None else _check_int("n_threads", n_threads, 0)
+        n_gpu_layers = _check_int("n_gpu_layers", n_gpu_layers, -1)
+        seed = _check_int("seed", seed, 0)
+        for name, t in (("type_k", type_k), ("type_v", type_v)):
+            if t not in CACHE_TYPES:
+                raise BonsaiError(f"unknown KV cache type {name}={t!r}; use one of {', '.join(CACHE_TYPES)}")
+
+        self.model_path = path
+        self.verbose = bool(verbose)
+        self._logits_all = bool(logits_all)
+        self._seed = seed
+        self._model = _core.Model(path, use_mmap=bool(use_mmap), n_gpu_layers=n_gpu_layers,
+                                  tokenizer=tokenizer, verbose=self.verbose)
+        if n_ctx == 0:
+            n_ctx = int(self._model.n_ctx_train)
+        try:
+            self._ctx = _core.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_seq_max=1,
+                                      n_threads=n_threads, type_k=type_k, type_v=type_v,
+                                      flash_attn=bool(flash_attn))
+        except BaseException:
+            self.close()
+            raise
+        self.n_batch = min(n_batch, n_ctx)
+        self._n_ctx = int(self._ctx.n_ctx)
+        self._n_vocab = int(self._model.n_vocab)
+        self.metadata = dict(self._model.metadata)
+        self.n_tokens = 0
+        self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
+        # Every position's logits with logits_all (as llama-cpp-python: n_ctx rows); otherwise only
+        # the newest row is kept, in _last_logits, and scores is not filled.
+        self.scores = np.zeros((self._n_ctx if self._logits_all else self.n_batch, self._n_vocab),
+                               dtype=np.single)
+        self._last_logits = np.zeros(self._n_vocab, dtype=np.single)
+        self._n_reused = 0
+        self._pieces: dict[int, bytes] = {}
+        self._eog = self._end_of_generation_ids()
+        probe_with = self._model.tokenize(b"a", add_special=True, parse_special=False)
+        probe_without = self._model.tokenize(b"a", add_special=False, parse_special=False)
+        bos = self.token_bos()
+        self._add_bos = bos >= 0 and probe_with[:1] == [bos] and probe_without[:1] != [bos]
+        self._chat = ChatTemplate(chat_template, bos_token=self._token_text(bos),
+                                  eos_token=self._token_text(self.token_eos())) if chat_template \
+            else ChatTemplate.from_metadata(self.metadata, bos_token=self._token_text(bos),
+                                            eos_token=self._token_text(self.token_eos()))
+
+    # ---- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Frees the context and the model; the object is unusable afterwards. Safe to repeat."""
+        ctx, model = self._ctx, self._model
+        self._ctx = self._model = None
+        if ctx is not None:
+            ctx.close()
+        if model is not None:
+            model.close()
+
+    def __enter__(self) -> "Llama":
+        self._live()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _live(self):
+        if getattr(self, "_ctx", None) is None:
+            raise BonsaiError("this Llama has been closed; create a new one")
+        return self._ctx
+
+    # ---- model facts ------------------------------------------------------------------------
+
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    def n_embd(self) -> int:
+        return int(self.metadata.get(f"{self._model.arch}.embedding_length", 0))
+
+    def token_bos(self) -> int:
+        return int(self._model.bos)
+
+    def token_eos(self) -> int:
+        return int(self._model.eos)
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        return self.input_ids[: self.n_tokens]
+
+    @property
+    def _scores(self) -> np.ndarray:
+        return self.scores[: self.n_tokens, :]
+
+    def _end_of_generation_ids(self) -> frozenset:
+        ids = {int(self._model.eos)}
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            v = self.metadata.get(key)
+            if isinstance(v, (int, np.integer)):
+                ids.add(int(v))
+        return frozenset(i for i in ids if 0 <= i < self._n_vocab)
+
+    def _token_text(self, token: int) -> str:
+        """The written form of a (special) token, as chat templates expect for bos/eos_token."""
+        if token < 0:
+            return ""
+        names = self.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(names, (list, tuple)) and token < len(names) and isinstance(names[token], str):
+            return names[token]
+        return self._piece(token).decode("utf-8", errors="ignore")
+
+    def _piece(self, token: int) -> bytes:
+        p = self._pieces.get(token)
+        if p is None:
+            p = self._pieces[token] = bytes(self._model.token_to_piece(int(token)))
+        return p
+
+    # ---- tokens -----------------------------------------------------------------------------
+
+    def tokenize(self, text: Union[bytes, str], add_bos: bool = True, special: bool = False) -> list[int]:
+        """Tokenizes UTF-8 `text`. `add_bos` adds the model's BOS when its vocabulary asks for one;
+        `special` parses special-token text such as "<|im_start|>" into their ids."""
+        self._live()
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        if not isinstance(text, (bytes, bytearray)):
+            raise BonsaiError(f"tokenize expects bytes (UTF-8 text), not {type(text).__name__}")
+        return list(self._model.tokenize(bytes(text), add_special=bool(add_bos), parse_special=bool(special)))
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
+                   special: bool = False) -> bytes:
+        """The bytes of `tokens` (prev_tokens/special are accepted for llama-cpp-python compatibility)."""
+        self._live()
+        return bytes(self._model.detokenize(self._check_tokens(tokens, allow_empty=True)))
+
+    def _check_tokens(self, tokens: Any, allow_empty: bool = False) -> list[int]:
+        if isinstance(tokens, np.ndarray):
+            tokens = tokens.tolist()
+        if not isinstance(tokens, (list, tuple)):
+            raise BonsaiError(f"tokens must be a list of token ids, not {type(tokens).__name__}")
+        if not tokens and not allow_empty:
+            raise BonsaiError("the token list is empty")
+        out = []
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self._n_vocab:
+                raise BonsaiError(f"invalid token id {t!r}: ids must be integers in [0, {self._n_vocab})")
+            out.append(int(t))
+        return out
+
+    # ---- evaluation -------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forgets the evaluated tokens (and so the cached prefix)."""
+        self._live().clear()
+        self.n_tokens = 0
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Evaluates `tokens` after the first `n_tokens` ones, in batches of n_batch."""
+        ctx = self._live()
+        tokens = self._check_tokens(tokens, allow_empty=True)
+        if self.n_tokens + len(tokens) > self._n_ctx:
+            raise BonsaiError(f"context full: {self.n_tokens} evaluated + {len(tokens)} new tokens exceed "
+                              f"n_ctx={self._n_ctx}; create the Llama with a larger n_ctx")
+        ctx.seq_rm(0, self.n_tokens, -1)
+        want = "all" if self._logits_all else "last"
+        for i in range(0, len(tokens), self.n_batch):
+            batch = tokens[i: i + self.n_batch]
+            p0, n = self.n_tokens, len(batch)
+            logits = ctx.decode(batch, pos=list(range(p0, p0 + n)), logits=want)
+            self.input_ids[p0: p0 + n] = batch
+            if self._logits_all:
+                self.scores[p0: p0 + n, :] = logits
+            self._last_logits = np.array(logits[-1], dtype=np.single)
+            self.n_tokens += n
+
+    def _reuse_prefix(self, tokens: list[int]) -> int:
+        """Keeps the KV cache of the longest common prefix with the evaluated tokens, leaving at
+        least one token of `tokens` to evaluate; returns how many tokens were kept."""
+        keep = min(_common_prefix(self._input_ids.tolist(), tokens), len(tokens) - 1)
+        self.n_tokens = self._n_reused = max(keep, 0)
+        self._live().seq_rm(0, self.n_tokens, -1)
+        return self.n_tokens
+
+    def _sampling_seed(self, seed: Optional[int]) -> int:
+        if seed is not None:
+            return _check_int("seed", seed, 0) & 0xFFFFFFFF
+        if self._seed == LLAMA_DEFAULT_SEED:
+            return random.SystemRandom().randrange(0, 0xFFFFFFFF)
+        return random.Random(self._seed).randrange(0, 0xFFFFFFFF)
+
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 temp: float = 0.80, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 reset: bool = True, seed: Optional[int] = None) -> Iterator[int]:
+        """Yields sampled tokens after `tokens` forever (the caller stops). With `reset`, the cached
+        prefix is reused; without it, `tokens` are evaluated after the current `n_tokens`."""
+        tokens = self._check_tokens(tokens)
+        sampler = self._make_sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+        if reset:
+            tokens = tokens[self._reuse_prefix(tokens):]
+        if repeat_last_n > 0:
+            history = self._input_ids.tolist() + tokens
+            for t in history[-repeat_last_n:]:
+                sampler.accept(int(t))
+        self.eval(tokens)
+        while True:
+            token = int(sampler.sample(self._last_logits.copy()))
+            sampler.accept(token)
+            yield token
+            self.eval([token])
+
+    def _make_sampler(self, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed):
+        temp = _check_float("temperature", temp)
+        if temp < 0:
+            raise BonsaiError(f"temperature must be >= 0 (0 = greedy), got {temp}")
+        top_p = _check_float("top_p", top_p)
+        if not 0 < top_p <= 1:
+            raise BonsaiError(f"top_p must be in (0, 1], got {top_p}")
+        min_p = _check_float("min_p", min_p)
+        if not 0 <= min_p <= 1:
+            raise BonsaiError(f"min_p must be in [0, 1], got {min_p}")
+        top_k = _check_int("top_k", top_k, 0)
+        repeat_penalty = _check_float("repeat_penalty", repeat_penalty)
+        if repeat_penalty <= 0:
+            raise BonsaiError(f"repeat_penalty must be > 0 (1 = off), got {repeat_penalty}")
+        repeat_last_n = _check_int("repeat_last_n", repeat_last_n, 0)
+        return _core.Sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                             seed=self._sampling_seed(seed))
+
+    # ---- completion -------------------------------------------------------------------------
+
+    def _prompt_tokens(self, prompt: Any, suffix: Optional[str]) -> list[int]:
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise BonsaiError("the prompt is empty; give some text or a list of token ids")
+            toks = self.tokenize(prompt.encode("utf-8"), add_bos=suffix is None, special=suffix is None)
+        elif isinstance(prompt, (list, tuple, np.ndarray)):
+            if len(prompt) == 0:
+                raise BonsaiError("the prompt is empty; give some text or a list of token ids")
+            toks = self._check_tokens(prompt)
+        else:
+            raise BonsaiError(f"prompt must be a string or a list of token ids, not {type(prompt).__name__}")
+        if suffix is not None:
+            fim = self._fim_ids()
+            if fim is not None and isinstance(prompt, str):
+                pre, suf, mid = fim
+                toks = ([self.token_bos()] if self._add_bos else []) + [pre] + toks + [suf] + \
+                    (self.tokenize(suffix.encode("utf-8"), add_bos=False) if suffix else []) + [mid]
+        if len(toks) >= self._n_ctx:
+            raise BonsaiError(f"the prompt has {len(toks)} tokens, which does not fit the context "
+                              f"(n_ctx={self._n_ctx}); shorten it or create the Llama with a larger n_ctx")
+        return toks
+
+    def _fim_ids(self) -> Optional[tuple[int, int, int]]:
+        ids = [self.metadata.get(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid")]
+        if all(isinstance(i, (int, np.integer)) and 0 <= i < self._n_vocab for i in ids):
+            return int(ids[0]), int(ids[1]), int(ids[2])
+        return None
+
+    def create_completion(self, prompt: Union[str, list[int]], suffix: Optional[str] = None,
+                          max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
+                          min_p: float = 0.05, top_k: int = 40, repeat_penalty: float = 1.0,
+                          stop: Optional[Union[str, list[str]]] = None, stream: bool = False,
+                          seed: Optional[int] = None, echo: bool = False, logprobs: Optional[int] = None,
+                          model: Optional[str] = None, repeat_last_n: int = 64):
+        """Completes `prompt`; returns a completion dict, or an iterator of chunks with stream=True.
+
+        max_tokens None or <= 0 generates until the context is full; a suffix is placed with the
+        model's fill-in-the-middle tokens when it has them, else appended to the returned text.
+        """
+        self._live()
+        if suffix is not None and not isinstance(suffix, str):
+            raise BonsaiError(f"suffix must be a string, not {type(suffix).__name__}")
+        prompt_tokens = self._prompt_tokens(prompt, suffix)
+        if max_tokens is not None:
+            max_tokens = _check_int("max_tokens", max_tokens)
+        room = self._n_ctx - len(prompt_tokens)
+        max_tokens = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
+        if logprobs is not None:
+            logprobs = _check_int("logprobs", logprobs, 0)
+            if echo and not self._logits_all:
+                raise BonsaiError("logprobs with echo=True needs the prompt's logits: "
+                                  "create the Llama with logits_all=True")
+        stops = normalize_stop(stop)
+        sampler_args = dict(temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        self._make_sampler(**sampler_args)  # validate now, not at the first next() of a stream
+        if isinstance(prompt, str):
+            prompt_text = prompt
+        else:
+            prompt_text = self.detokenize(prompt_tokens).decode("utf-8", errors="ignore")
+        append = suffix if suffix is not None and self._fim_ids() is None else None
+        run = _CompletionRun(self, prompt_tokens, prompt_text, max_tokens, stops, sampler_args,
+                             echo=bool(echo), logprobs=logprobs, suffix=append,
+                             model=model if model is not None else self.model_path)
+        if stream:
+            return run.chunks()
+        return run.response()
+
+    def __call__(self, prompt: Union[str, list[int]], **kwargs):
+        return self.create_completion(prompt, **kwargs)
+
+    def create_chat_completion(self, messages: list[dict], temperature: float = 0.2, top_p: float = 0.95,
+                               top_k: int = 40, min_p: float = 0.05, stream: bool = False,
+                               stop: Optional[Union[str, list[str]]] = None, seed: Optional[int] = None,
+                               max_tokens: Optional[int] = None, repeat_penalty: float = 1.0,
+                               logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
+                               model: Optional[str] = None, tools: Optional[list] = None,
+                               **template_kwargs):
+        """Renders `messages` with the chat template and completes it as the assistant's turn."""
+        self._live()
+        prompt = self._chat.render(messages, add_generation_prompt=True, tools=tools, **template_kwargs)
+        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        if self._add_bos and tokens[:1] != [self.token_bos()]:
+            tokens.insert(0, self.token_bos())
+        stops = normalize_stop(stop)
+        if self._chat.eos_token:
+            stops.append(self._chat.eos_token)
+        result = self.create_completion(
+            tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            repeat_penalty=repeat_penalty, stop=stops, stream=stream, seed=seed,
+            logprobs=(top_logprobs or 0) if logprobs else None, model=model)
+        if stream:
+            return fmt.chat_chunks(result)
+        return fmt.chat_response(result)
+
+    def _report(self, n_prompt: int, n_reused: int, t_prompt: float, n_gen: int, t_gen: float) -> None:
+        if self.verbose:
+            rate = n_gen / t_gen if t_gen > 0 else 0.0
+            print(f"bonsai: prompt {n_prompt} tokens ({n_reused} reused) in {t_prompt:.3f} s, "
+                  f"{n_gen} generated in {t_gen:.3f} s ({rate:.1f} tokens/s)", file=sys.stderr)
+
+
+class _CompletionRun:
+    """One completion: drives `Llama.generate`, assembles text through a `TextStream` and formats
+    the result as a response or as stream chunks."""
+
+    def __init__(self, llama: Llama, prompt_tokens, prompt_text, max_tokens, stops, sampler_args, *,
+                 echo, logprobs, suffix, model):
+        self.llama = llama
+        self.prompt_tokens = prompt_tokens
+        self.prompt_text = prompt_text
+        self.max_tokens = max_tokens
+        self.stops = stops
+        self.sampler_args = sampler_args
+        self.echo = echo
+        self.logprobs = logprobs
+        self.suffix = suffix
+        self.model = model
+        self.id, self.created = fmt.new_completion_id()
+        self.tokens: list[int] = []
+        self.rows: list[np.ndarray] = []
+        self.finish_reason = "length"
+
+    def _pieces(self) -> Iterator[tuple[str, int, int]]:
+        """Yields (text, first, end): emitted text and the completion tokens [first, end) it ends."""
+        llama = self.llama
+        ts = TextStream(self.stops)
+        first = 0
+        t0 = time.perf_counter()
+        t_prompt = 0.0
+        gen = llama.generate(self.prompt_tokens, **self.sampler_args)
+        try:
+            while len(self.tokens) < self.max_tokens:
+                token = next(gen)
+                if not self.tokens:
+                    t_prompt = time.perf_counter() - t0
+                if token in llama._eog:
+                    self.finish_reason = "stop"
+                    break
+                self.tokens.append(token)
+                if self.logprobs is not None:
+                    self.rows.append(llama._last_logits.copy())
+                text = ts.push(llama._piece(token))
+                if text:
+                    yield text, first, len(self.tokens)
+                    first = len(self.tokens)
+                if ts.stopped:
+                    self.finish_reason = "stop"
+                    break
+        finally:
+            gen.close()
+        tail = ts.finish()
+        if tail:
+            yield tail, first, len(self.tokens)
+        llama._report(len(self.prompt_tokens), llama._n_reused, t_prompt, len(self.tokens),
+                      time.perf_counter() - t0 - t_prompt)
+
+    def _logprobs(self, first: int, end: int, text_offset: int) -> Optional[dict]:
+        if self.logprobs is None:
+            return None
+        return fmt.build_logprobs(self.tokens[first:end], self.rows[first:end], self.logprobs,
+                                  self.llama._piece, text_offset)
+
+    def _echo_logprobs(self) -> dict:
+        llama = self.llama
+        toks = self.prompt_tokens
+        start = 1 if toks[0] == llama.token_bos() and llama._add_bos else 0
+        rows = [None if i == start else np.array(llama.scores[i - 1]) for i in range(start, len(toks))]
+        lp = fmt.build_logprobs(toks[start:], rows, self.logprobs, llama._piece, 0)
+        rest = self._logprobs(0, len(self.tokens), len(self.prompt_text))
+        for k in lp:
+            lp[k].extend(rest[k])
+        return lp
+
+    def response(self) -> dict:
+        text = "".join(t for t, _, _ in self._pieces())
+        if self.echo:
+            text = self.prompt_text + text
+        if self.suffix:
+            text += self.suffix
+        if self.logprobs is None:
+            lp = None
+        elif self.echo:
+            lp = self._echo_logprobs()
+        else:
+            lp = self._logprobs(0, len(self.tokens), len(self.prompt_text))
+        return fmt.completion_response(self.id, self.created, self.model, text, lp, self.finish_reason,
+                                       len(self.prompt_tokens), len(self.tokens))
+
+    def chunks(self) -> Iterator[dict]:
+        chunk = lambda text, lp, reason=None: fmt.completion_chunk(  # noqa: E731
+            self.id, self.created, self.model, text, lp, reason)
+        offset = len(self.prompt_text)
+        if self.echo:
+            yield chunk(self.prompt_text, None)
+        for text, first, end in self._pieces():
+            yield chunk(text, self._logprobs(first, end, offset))
+            offset += len(text)
+        if self.suffix:
+            yield chunk(self.suffix, None)
+        yield chunk("", None, self.finish_reason)
