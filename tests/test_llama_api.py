@@ -469,3 +469,23 @@ def test_missing_model_file_is_clear(monkeypatch, tmp_path):
     monkeypatch.setattr(llama_mod, "_core", fake_core)
     with pytest.raises(BonsaiError, match="model file not found"):
         llama_mod.Llama(str(tmp_path / "nope.gguf"))
+
+
+def test_fake_interleaved_streams_are_refused(make_llama):
+    llm = make_llama()
+    a = llm("The answer", max_tokens=6, temperature=0, stream=True)
+    next(a)
+    llm("Q: what", max_tokens=2, temperature=0)  # reuses (and rewrites) the cache
+    with pytest.raises(BonsaiError, match="interrupted"):
+        list(a)
+    # the Llama itself stays usable and correct
+    assert llm("The answer", max_tokens=3, temperature=0)["choices"][0]["text"] == _corpus_after("The answer", 3)
+
+
+def test_fake_end_of_turn_control_tokens_stop_generation(make_llama, monkeypatch):
+    llm = make_llama()
+    md = dict(llm.metadata)
+    md["tokenizer.ggml.token_type"] = [1] * 256 + [3, 3, 3, 3]
+    md["tokenizer.ggml.tokens"][fake_core.IM_END] = "<|im_end|>"
+    llm.metadata = md
+    assert llm._end_of_generation_ids() == {fake_core.EOS, fake_core.IM_END}

@@ -40,6 +40,9 @@ __all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # "pick a random seed", as in llama.cpp
 CACHE_TYPES = ("f16", "q8_0")
+_TOKEN_TYPE_CONTROL = 3  # tokenizer.ggml.token_type value of control tokens
+_END_OF_TURN_NAMES = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+                                "<end_of_turn>", "<|end_of_text|>", "</s>"})
 
 
 def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
@@ -117,6 +120,7 @@ class Llama:
                                dtype=np.single)
         self._last_logits = np.zeros(self._n_vocab, dtype=np.single)
         self._n_reused = 0
+        self._generation = 0  # bumped by every call that changes the cache; see generate()
         self._pieces: dict[int, bytes] = {}
         self._eog = self._end_of_generation_ids()
         probe_with = self._model.tokenize(b"a", add_special=True, parse_special=False)
@@ -183,11 +187,19 @@ class Llama:
         return self.scores[: self.n_tokens, :]
 
     def _end_of_generation_ids(self) -> frozenset:
+        """EOS, the file's end-of-turn ids, and control tokens written as a known end-of-turn marker
+        (e.g. Qwen's <|endoftext|> next to its EOS <|im_end|>), as llama.cpp's vocabulary marks them."""
         ids = {int(self._model.eos)}
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             v = self.metadata.get(key)
             if isinstance(v, (int, np.integer)):
                 ids.add(int(v))
+        names = self.metadata.get("tokenizer.ggml.tokens")
+        types = self.metadata.get("tokenizer.ggml.token_type")
+        if isinstance(names, (list, tuple)) and isinstance(types, (list, tuple)) and len(names) == len(types):
+            for i, (name, kind) in enumerate(zip(names, types)):
+                if kind == _TOKEN_TYPE_CONTROL and name in _END_OF_TURN_NAMES:
+                    ids.add(i)
         return frozenset(i for i in ids if 0 <= i < self._n_vocab)
 
     def _token_text(self, token: int) -> str:
@@ -242,10 +254,15 @@ class Llama:
     def reset(self) -> None:
         """Forgets the evaluated tokens (and so the cached prefix)."""
         self._live().clear()
+        self._generation += 1
         self.n_tokens = 0
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Evaluates `tokens` after the first `n_tokens` ones, in batches of n_batch."""
+        self._generation += 1
+        self._eval(tokens)
+
+    def _eval(self, tokens: Sequence[int]) -> None:
         ctx = self._live()
         tokens = self._check_tokens(tokens, allow_empty=True)
         if self.n_tokens + len(tokens) > self._n_ctx:
@@ -285,18 +302,23 @@ class Llama:
         prefix is reused; without it, `tokens` are evaluated after the current `n_tokens`."""
         tokens = self._check_tokens(tokens)
         sampler = self._make_sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+        self._generation += 1
+        mine = self._generation
         if reset:
             tokens = tokens[self._reuse_prefix(tokens):]
         if repeat_last_n > 0:
             history = self._input_ids.tolist() + tokens
             for t in history[-repeat_last_n:]:
                 sampler.accept(int(t))
-        self.eval(tokens)
+        self._eval(tokens)
         while True:
             token = int(sampler.sample(self._last_logits.copy()))
             sampler.accept(token)
             yield token
-            self.eval([token])
+            if self._generation != mine:
+                raise BonsaiError("this generation was interrupted: another call used the same Llama "
+                                  "while it was suspended; finish or close a stream before the next call")
+            self._eval([token])
 
     def _make_sampler(self, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed):
         temp = _check_float("temperature", temp)
