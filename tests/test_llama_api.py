@@ -737,3 +737,14 @@ def test_e2e_close_and_bad_input(real_llama, tiny_gguf):
         Llama(tiny_gguf, type_k="q5_1", verbose=False)
     with pytest.raises(BonsaiError, match="not found"):
         Llama(tiny_gguf + ".missing", verbose=False)
+
+
+def test_fake_suffix_uses_fill_in_the_middle_tokens_when_the_file_has_them(make_llama):
+    llm = make_llama()
+    llm.metadata = {**llm.metadata, "tokenizer.ggml.fim_pre_token_id": 1, "tokenizer.ggml.fim_suf_token_id": 2,
+                    "tokenizer.ggml.fim_mid_token_id": 3}
+    toks, placed = llm._prompt_tokens("ab", "cd")
+    assert placed and toks == [fake_core.BOS, 1, 97, 98, 2, 99, 100, 3]
+    r = llm("ab", suffix="cd", max_tokens=2, temperature=0)
+    assert not r["choices"][0]["text"].endswith("cd") and r["usage"]["prompt_tokens"] == 8
+    assert llm._prompt_tokens([97, 98], "cd") == ([97, 98], False)

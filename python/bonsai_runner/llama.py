@@ -88,7 +88,9 @@ class Llama:
         n_batch = _check_int("n_batch", n_batch, 1)
         n_threads = 0 if n_threads is None else _check_int("n_threads", n_threads, 0)
         n_gpu_layers = _check_int("n_gpu_layers", n_gpu_layers, -1)
-        seed = _check_int("seed", seed, 0)
+        seed = _check_int("seed", seed, -1)
+        if seed < 0:
+            seed = LLAMA_DEFAULT_SEED
         for name, t in (("type_k", type_k), ("type_v", type_v)):
             if t not in CACHE_TYPES:
                 raise BonsaiError(f"unknown KV cache type {name}={t!r}; use one of {', '.join(CACHE_TYPES)}")
@@ -170,7 +172,8 @@ class Llama:
         return self._n_vocab
 
     def n_embd(self) -> int:
-        return int(self.metadata.get(f"{self._model.arch}.embedding_length", 0))
+        n = getattr(self._model, "n_embd", None)
+        return int(n if n is not None else self.metadata.get(f"{self._model.arch}.embedding_length", 0))
 
     def token_bos(self) -> int:
         return int(self._model.bos)
@@ -312,7 +315,7 @@ class Llama:
                 sampler.accept(int(t))
         self._eval(tokens)
         while True:
-            token = int(sampler.sample(self._last_logits.copy()))
+            token = int(sampler.sample(self._last_logits))
             sampler.accept(token)
             yield token
             if self._generation != mine:
@@ -341,27 +344,27 @@ class Llama:
 
     # ---- completion -------------------------------------------------------------------------
 
-    def _prompt_tokens(self, prompt: Any, suffix: Optional[str]) -> list[int]:
+    def _prompt_tokens(self, prompt: Any, suffix: Optional[str]) -> tuple[list[int], bool]:
+        """The prompt's tokens, and whether the suffix went into them (fill-in-the-middle)."""
+        fim = self._fim_ids() if suffix is not None and isinstance(prompt, str) else None
         if isinstance(prompt, str):
             if prompt == "":
                 raise BonsaiError("the prompt is empty; give some text or a list of token ids")
-            toks = self.tokenize(prompt.encode("utf-8"), add_bos=suffix is None, special=suffix is None)
+            toks = self.tokenize(prompt.encode("utf-8"), add_bos=fim is None, special=fim is None)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             if len(prompt) == 0:
                 raise BonsaiError("the prompt is empty; give some text or a list of token ids")
             toks = self._check_tokens(prompt)
         else:
             raise BonsaiError(f"prompt must be a string or a list of token ids, not {type(prompt).__name__}")
-        if suffix is not None:
-            fim = self._fim_ids()
-            if fim is not None and isinstance(prompt, str):
-                pre, suf, mid = fim
-                toks = ([self.token_bos()] if self._add_bos else []) + [pre] + toks + [suf] + \
-                    (self.tokenize(suffix.encode("utf-8"), add_bos=False) if suffix else []) + [mid]
+        if fim is not None:
+            pre, suf, mid = fim
+            toks = ([self.token_bos()] if self._add_bos else []) + [pre] + toks + [suf] + \
+                (self.tokenize(suffix.encode("utf-8"), add_bos=False) if suffix else []) + [mid]
         if len(toks) >= self._n_ctx:
             raise BonsaiError(f"the prompt has {len(toks)} tokens, which does not fit the context "
                               f"(n_ctx={self._n_ctx}); shorten it or create the Llama with a larger n_ctx")
-        return toks
+        return toks, fim is not None
 
     def _fim_ids(self) -> Optional[tuple[int, int, int]]:
         ids = [self.metadata.get(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid")]
@@ -383,7 +386,7 @@ class Llama:
         self._live()
         if suffix is not None and not isinstance(suffix, str):
             raise BonsaiError(f"suffix must be a string, not {type(suffix).__name__}")
-        prompt_tokens = self._prompt_tokens(prompt, suffix)
+        prompt_tokens, suffix_placed = self._prompt_tokens(prompt, suffix)
         if max_tokens is not None:
             max_tokens = _check_int("max_tokens", max_tokens)
         room = self._n_ctx - len(prompt_tokens)
@@ -401,7 +404,7 @@ class Llama:
             prompt_text = prompt
         else:
             prompt_text = self.detokenize(prompt_tokens).decode("utf-8", errors="ignore")
-        append = suffix if suffix is not None and self._fim_ids() is None else None
+        append = None if suffix_placed else suffix
         run = _CompletionRun(self, prompt_tokens, prompt_text, max_tokens, stops, sampler_args,
                              echo=bool(echo), logprobs=logprobs, suffix=append,
                              model=model if model is not None else self.model_path)
