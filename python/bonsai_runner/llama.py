@@ -40,6 +40,7 @@ __all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # "pick a random seed", as in llama.cpp
 CACHE_TYPES = ("f16", "q8_0")
+ACT_MODES = ("int8", "float")
 _TOKEN_TYPE_CONTROL = 3  # tokenizer.ggml.token_type value of control tokens
 _END_OF_TURN_NAMES = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
                                 "<end_of_turn>", "<|end_of_text|>", "</s>"})
@@ -75,7 +76,7 @@ class Llama:
                  n_threads: Optional[int] = None, n_gpu_layers: int = 0, type_k: str = "f16",
                  type_v: str = "f16", flash_attn: bool = False, seed: int = LLAMA_DEFAULT_SEED,
                  logits_all: bool = False, use_mmap: bool = True, tokenizer: Optional[str] = None,
-                 chat_template: Optional[str] = None, verbose: bool = True):
+                 chat_template: Optional[str] = None, act_mode: str = "int8", verbose: bool = True):
         self._model = None
         self._ctx = None
         if _core is None or not hasattr(_core, "Model"):
@@ -94,6 +95,9 @@ class Llama:
         for name, t in (("type_k", type_k), ("type_v", type_v)):
             if t not in CACHE_TYPES:
                 raise BonsaiError(f"unknown KV cache type {name}={t!r}; use one of {', '.join(CACHE_TYPES)}")
+        if act_mode not in ACT_MODES:
+            raise BonsaiError(f"unknown act_mode={act_mode!r}; use one of {', '.join(ACT_MODES)} "
+                              "(int8: per-token INT8 activations, float: full-precision activations)")
 
         self.model_path = path
         self.verbose = bool(verbose)
@@ -106,7 +110,7 @@ class Llama:
         try:
             self._ctx = _core.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_seq_max=1,
                                       n_threads=n_threads, type_k=type_k, type_v=type_v,
-                                      flash_attn=bool(flash_attn))
+                                      act_mode=act_mode, flash_attn=bool(flash_attn))
         except BaseException:
             self.close()
             raise
