@@ -284,7 +284,7 @@ class Llama:
             self.input_ids[p0: p0 + n] = batch
             if self._logits_all:
                 self.scores[p0: p0 + n, :] = logits
-            self._last_logits = np.array(logits[-1], dtype=np.single)
+            self._last_logits = logits[-1]  # decode returns a fresh array: no copy needed
             self.n_tokens += n
 
     def _reuse_prefix(self, tokens: list[int]) -> int:
