@@ -197,6 +197,10 @@ class Llama:
         """EOS, the file's end-of-turn ids, and control tokens written as a known end-of-turn marker
         (e.g. Qwen's <|endoftext|> next to its EOS <|im_end|>), as llama.cpp's vocabulary marks them."""
         ids = {int(self._model.eos)}
+        for source in (self._model, getattr(self._model, "vocab", None)):
+            engine_ids = getattr(source, "eog_ids", None)
+            if engine_ids is not None:  # the engine's own list (llama.cpp's rules) when it has one
+                return frozenset(int(i) for i in engine_ids) | ids
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             v = self.metadata.get(key)
             if isinstance(v, (int, np.integer)):
