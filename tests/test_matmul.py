@@ -1,0 +1,212 @@
+"""CPU matmul / get_rows kernels against a numpy float64 reference, on every available path.
+
+INT8 mode: the reference quantizes x per token exactly like the engine (absmax, round half away
+from zero) and sums d_b * isum_b in float64, so agreement is ~1e-6 relative; every SIMD path must
+be bit-identical to the scalar path. FLOAT mode: reference W_dequant @ x in float64.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from bonsai_runner import _core
+from bonsai_runner.errors import BonsaiError
+
+# name: (engine type id, block elements, block bytes, scale byte offset)
+TYPES = {
+    "F32": (0, 1, 4, None),
+    "F16": (1, 1, 2, None),
+    "BF16": (30, 1, 2, None),
+    "Q8_0": (8, 32, 34, 0),
+    "Q4_0": (2, 32, 18, 0),
+    "TQ1_0": (34, 256, 54, 52),
+    "TQ2_0": (35, 256, 66, 64),
+    "Q2_0": (42, 64, 18, 0),
+    "Q2_0_G128": (0x1000 + 42, 128, 34, 0),
+    "PQ2_0": (142, 128, 34, 0),
+    "PTQ1_0": (143, 128, 28, 26),
+}
+QUANT = [n for n, t in TYPES.items() if t[3] is not None]
+PATHS = _core.cpu_paths()
+
+
+def _trits(b: np.ndarray, n: int) -> np.ndarray:
+    m = (b.astype(np.uint32) * 3**n) & 0xFF
+    return ((m * 3) >> 8).astype(np.int64)
+
+
+def _int_weights(name: str, blocks: np.ndarray) -> np.ndarray:
+    """Integer weights (..., block elements) in element order, per bonsai/quant_blocks.h."""
+    if name == "Q8_0":
+        return blocks[..., 2:34].view(np.int8).astype(np.int64)
+    if name == "Q4_0":
+        qs = blocks[..., 2:18].astype(np.int64)
+        return np.concatenate([qs & 15, qs >> 4], axis=-1) - 8
+    if name in ("Q2_0", "Q2_0_G128", "PQ2_0"):
+        qs = blocks[..., 2:].astype(np.int64)
+        return np.stack([(qs >> (2 * l)) & 3 for l in range(4)], axis=-1).reshape(*qs.shape[:-1], -1) - 1
+    if name == "TQ2_0":
+        parts = []
+        for h in range(2):
+            qs = blocks[..., 32 * h:32 * h + 32].astype(np.int64)
+            parts.append(np.stack([(qs >> (2 * l)) & 3 for l in range(4)], axis=-2).reshape(*qs.shape[:-1], -1))
+        return np.concatenate(parts, axis=-1) - 1
+    if name == "TQ1_0":
+        segs = [(0, 32, 5), (32, 48, 5), (48, 52, 4)]
+    else:  # PTQ1_0
+        segs = [(0, 16, 5), (16, 24, 5), (24, 26, 4)]
+    parts = []
+    for a, b, nt in segs:
+        qs = blocks[..., a:b]
+        parts.append(np.stack([_trits(qs, n) for n in range(nt)], axis=-2).reshape(*qs.shape[:-1], -1))
+    return np.concatenate(parts, axis=-1) - 1
+
+
+def _scales(name: str, blocks: np.ndarray) -> np.ndarray:
+    off = TYPES[name][3]
+    return blocks[..., off:off + 2].copy().view(np.float16)[..., 0].astype(np.float64)
+
+
+def dequantize(name: str, w: np.ndarray, cols: int) -> np.ndarray:
+    rows = w.shape[0]
+    if name == "F32":
+        return w.view(np.float32).astype(np.float64)
+    if name == "F16":
+        return w.view(np.float16).astype(np.float64)
+    if name == "BF16":
+        return (w.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    _, be, bb, _ = TYPES[name]
+    blocks = w.reshape(rows, cols // be, bb)
+    return (_int_weights(name, blocks) * _scales(name, blocks)[..., None]).reshape(rows, cols)
+
+
+def random_weight(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    _, be, bb, off = TYPES[name]
+    if name == "F32":
+        return rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint8)
+    if name == "F16":
+        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
+    if name == "BF16":
+        f = rng.standard_normal((rows, cols)).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    blocks = rng.integers(0, 256, size=(rows, cols // be, bb), dtype=np.uint8)
+    d = (rng.uniform(0.002, 0.05, size=(rows, cols // be)) * rng.choice([-1, 1], size=(rows, cols // be)))
+    blocks[..., off:off + 2] = d.astype(np.float16)[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def quantize_act(x: np.ndarray):
+    amax = np.abs(x).max(axis=1).astype(np.float32)
+    s = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    v = (x * iscale[:, None]).astype(np.float64)
+    q = np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5), -127, 127)
+    return q, s.astype(np.float64)
+
+
+def reference(name: str, w: np.ndarray, cols: int, x: np.ndarray, mode: str):
+    """Returns (expected, tolerance scale) as float64 arrays (n_tokens, rows)."""
+    wd = dequantize(name, w, cols)
+    if mode == "float" or TYPES[name][3] is None:
+        return x.astype(np.float64) @ wd.T, np.abs(x.astype(np.float64)) @ np.abs(wd).T
+    q, s = quantize_act(x)
+    return (q @ wd.T) * s[:, None], (np.abs(q) @ np.abs(wd).T) * s[:, None]
+
+
+def cols_for(name: str) -> int:
+    be = TYPES[name][1]
+    return 768 if be == 256 else (be * 5 if be > 1 else 200)
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+@pytest.mark.parametrize("mode", ["int8", "float"])
+@pytest.mark.parametrize("n_tokens", [1, 3, 17])
+def test_matmul_matches_reference_on_every_path(name, mode, n_tokens):
+    rng = np.random.default_rng(zlib.crc32(f"{name}/{mode}/{n_tokens}".encode()))
+    rows, cols = 37, cols_for(name)
+    w = random_weight(name, rows, cols, rng)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    x[0, :5] = 0.0
+    want, scale = reference(name, w, cols, x, mode)
+    tid = TYPES[name][0]
+    scalar = _core.matmul(tid, w, cols, x, mode=mode, threads=1, path="scalar")
+    for path in PATHS:
+        for threads in (1, 2):
+            got = _core.matmul(tid, w, cols, x, mode=mode, threads=threads, path=path)
+            assert got.shape == (n_tokens, rows) and got.dtype == np.float32
+            err = np.abs(got - want) / (scale + 1e-30)
+            assert err.max() < 1e-5, (path, threads, err.max())
+            if mode == "int8" and TYPES[name][3] is not None:
+                assert np.array_equal(got, scalar), f"{path} differs from scalar ({threads} threads)"
+
+
+@pytest.mark.parametrize("name", QUANT)
+@pytest.mark.parametrize("n_tokens", [1, 2, 5, 21])
+def test_int8_paths_bit_identical_larger(name, n_tokens):
+    rng = np.random.default_rng(7)
+    be = TYPES[name][1]
+    rows, cols = 67, max(be, 64) * (9 if be < 256 else 5)
+    w = random_weight(name, rows, cols, rng)
+    x = (rng.standard_normal((n_tokens, cols)) * rng.uniform(0.1, 10, size=(n_tokens, 1))).astype(np.float32)
+    tid = TYPES[name][0]
+    scalar = _core.matmul(tid, w, cols, x, mode="int8", path="scalar")
+    want, scale = reference(name, w, cols, x, "int8")
+    assert (np.abs(scalar - want) / (scale + 1e-30)).max() < 1e-5
+    for path in PATHS:
+        for threads in (1, 2, 3):
+            got = _core.matmul(tid, w, cols, x, mode="int8", threads=threads, path=path)
+            assert np.array_equal(got, scalar), (path, threads)
+
+
+def test_zero_activation_row_gives_zero():
+    rng = np.random.default_rng(1)
+    w = random_weight("PTQ1_0", 8, 256, rng)
+    x = np.zeros((2, 256), np.float32)
+    for path in PATHS:
+        assert not _core.matmul(143, w, 256, x, path=path).any()
+
+
+def test_default_path_and_paths_listed():
+    assert "scalar" in PATHS
+    assert _core.cpu_path() in PATHS
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_get_rows(name):
+    rng = np.random.default_rng(3)
+    rows, cols = 11, cols_for(name)
+    w = random_weight(name, rows, cols, rng)
+    ids = np.array([3, 0, 10, 3], np.int32)
+    got = _core.get_rows(TYPES[name][0], w, cols, ids)
+    want = dequantize(name, w, cols)[ids]
+    np.testing.assert_allclose(got, want, rtol=0, atol=0)
+
+
+def test_bad_shapes_raise():
+    rng = np.random.default_rng(2)
+    w = random_weight("PTQ1_0", 4, 256, rng)
+    x = np.ones((1, 256), np.float32)
+    with pytest.raises(BonsaiError, match="bytes per row"):
+        _core.matmul(142, w, 256, x)  # PQ2_0 rows are 68 bytes, these are 56
+    with pytest.raises(BonsaiError, match="multiple of its block size"):
+        _core.matmul(143, w[:, :28], 100, x[:, :100])
+    with pytest.raises(BonsaiError, match="unsupported weight type"):
+        _core.matmul(12, w, 256, x)
+    with pytest.raises(BonsaiError, match="x must be"):
+        _core.matmul(143, w, 256, np.ones((1, 128), np.float32))
+    with pytest.raises(BonsaiError, match="mode"):
+        _core.matmul(143, w, 256, x, mode="int4")
+    with pytest.raises(BonsaiError, match="unknown CPU path"):
+        _core.matmul(143, w, 256, x, path="neon")
+    with pytest.raises(BonsaiError, match="threads"):
+        _core.matmul(143, w, 256, x, threads=0)
+    with pytest.raises(BonsaiError, match="outside"):
+        _core.get_rows(143, w, 256, np.array([4], np.int32))
+    # Q2_0 g64 data given as the g128 layout of the same id 42: sizes differ, so it is refused.
+    w64 = random_weight("Q2_0", 4, 256, rng)
+    with pytest.raises(BonsaiError, match="bytes per row"):
+        _core.matmul(0x1000 + 42, w64, 256, x)
