@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../backends/cpu/block_unpack.h"
+#include "../backends/cpu/cpu_features.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
 #include "bonsai/types.h"
@@ -99,11 +100,14 @@ static void test_int8_paths() {
             std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
             matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
             for (CpuPath p : available_cpu_paths())
-                for (ThreadPool* pool : {&pool1, &pool2}) {
-                    std::fill(y.begin(), y.end(), -1.0f);
-                    matmul_on_path(wv, x.data(), nt, y.data(), ActMode::INT8, *pool, p);
-                    CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
-                }
+                for (ThreadPool* pool : {&pool1, &pool2})
+                    for (bool vbmi : {false, true}) {  // both AVX-512 base-3 unpackers
+                        cpu::set_avx512_vbmi_enabled(vbmi);
+                        std::fill(y.begin(), y.end(), -1.0f);
+                        matmul_on_path(wv, x.data(), nt, y.data(), ActMode::INT8, *pool, p);
+                        CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+                    }
+            cpu::set_avx512_vbmi_enabled(true);
             // Float-mode result against a double reference of the dequantized weights.
             std::vector<float> wd(static_cast<size_t>(c.cols));
             matmul_on_path(wv, x.data(), nt, y.data(), ActMode::FLOAT, pool2, active_cpu_path());

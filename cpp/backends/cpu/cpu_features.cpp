@@ -33,6 +33,23 @@ bool cpu_has_avx512() {
 #endif
 }
 
+bool cpu_has_avx512_vbmi() {
+#if defined(__x86_64__) || defined(__i386__)
+    static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi");
+    return ok;
+#else
+    return false;
+#endif
+}
+
+namespace {
+std::atomic<bool> g_vbmi_enabled{true};
+}  // namespace
+
+bool avx512_vbmi_enabled() { return g_vbmi_enabled.load(std::memory_order_relaxed) && cpu_has_avx512_vbmi(); }
+
+void set_avx512_vbmi_enabled(bool enabled) { g_vbmi_enabled.store(enabled, std::memory_order_relaxed); }
+
 bool cpu_path_available(CpuPath path) {
     switch (path) {
         case CpuPath::SCALAR: return true;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "act_quant.h"
+#include "cpu_features.h"
 #include "matmul_kernels.h"
 
 namespace bonsai::cpu {
@@ -42,7 +43,12 @@ void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end) {
         switch (j.path) {
             case CpuPath::SCALAR: matmul_int8_scalar(w, *j.act, r0, r1, j.y, thread_scratch(kernel_scratch_bytes(w.cols))); break;
             case CpuPath::AVX2: matmul_int8_avx2(w, *j.act, r0, r1, j.y); break;
-            case CpuPath::AVX512: matmul_int8_avx512(w, *j.act, r0, r1, j.y); break;
+            case CpuPath::AVX512:
+                if (avx512_vbmi_enabled())
+                    matmul_int8_avx512_vbmi(w, *j.act, r0, r1, j.y);
+                else
+                    matmul_int8_avx512(w, *j.act, r0, r1, j.y);
+                break;
         }
         return;
     }

@@ -21,7 +21,9 @@ namespace bonsai::cpu {
 
 namespace {
 
-constexpr int kPrefetchBytes = 512;
+// Decode prefetches the same unit kPrefetchRows rows ahead (the next tiles), since a tile's rows
+// are short and contiguous.
+constexpr int kPrefetchRows = 8;
 
 BONSAI_AVX2 inline void trits5(__m256i src, __m256i* c, int stride) {
     const __m256i hi_mask = _mm256_set1_epi16(static_cast<short>(0xFF00));
@@ -187,7 +189,8 @@ BONSAI_AVX2 inline __m128 load_d4(const uint8_t* const* rows, int64_t off) {
 
 // 4 rows x 1 token.
 template <class K>
-BONSAI_AVX2 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, const int32_t* asum, int64_t nb) {
+BONSAI_AVX2 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, const int32_t* asum, int64_t nb,
+                                  int64_t prefetch_stride) {
     const int64_t nu = (nb + K::G - 1) / K::G;
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
     __m128 acc = _mm_setzero_ps();
@@ -197,7 +200,7 @@ BONSAI_AVX2 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, cons
         __m256i s[4][2];
         for (int i = 0; i < 4; ++i) {
             const uint8_t* p = rows[i] + u * unit_bytes;
-            _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_stride), _MM_HINT_T0);
             __m256i c[2 * K::C];
             K::codes(p, nin, c);
             dot_unit<K>(c, au, s[i]);
@@ -254,7 +257,7 @@ BONSAI_AVX2 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int
                 const uint8_t* rp[4];
                 for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
                 alignas(16) float out[4];
-                _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb), _mm_set1_ps(a.scale[t])));
+                _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, kPrefetchRows * static_cast<int64_t>(w.row_bytes)), _mm_set1_ps(a.scale[t])));
                 for (int i = 0; i < 4 && r + i < r1; ++i) y[t * rows + r + i] = out[i];
             }
         }

@@ -17,6 +17,7 @@ inline size_t kernel_scratch_bytes(int64_t cols) { return static_cast<size_t>(co
 void matmul_int8_scalar(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y, void* scratch);
 void matmul_int8_avx2(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y);
 void matmul_int8_avx512(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y);
+void matmul_int8_avx512_vbmi(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y);
 
 // f32 activations, any weight type.
 void matmul_float_scalar(const WeightView& w, const float* x, int64_t n_tokens, int64_t r0, int64_t r1,
