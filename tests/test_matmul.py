@@ -210,3 +210,15 @@ def test_bad_shapes_raise():
     w64 = random_weight("Q2_0", 4, 256, rng)
     with pytest.raises(BonsaiError, match="bytes per row"):
         _core.matmul(0x1000 + 42, w64, 256, x)
+
+
+def test_non_finite_activations_give_nan_row():
+    rng = np.random.default_rng(4)
+    w = random_weight("PTQ1_0", 8, 256, rng)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[1, 7] = np.inf
+    x[2, 100] = np.nan
+    for path in PATHS:
+        y = _core.matmul(143, w, 256, x, path=path)
+        assert np.isfinite(y[0]).all()
+        assert np.isnan(y[1]).all() and np.isnan(y[2]).all()

@@ -1,11 +1,18 @@
-// Per-token absmax INT8 activation quantization (see act_quant.h). Plain scalar code shared by every
-// kernel path: it is O(cols) per token against O(rows * cols) for the matmul, and sharing it is
-// what keeps the paths bit-identical.
+// Per-token absmax INT8 activation quantization (see act_quant.h), shared by every kernel path so
+// that they see the same int8 activations. The AVX2 variant (used whenever the CPU has AVX2)
+// performs exactly the scalar operations (one multiply, truncation, exact remainder, clamp), so
+// it yields the same q; rounding is half away from zero.
 #include "act_quant.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_features.h"
 
 namespace bonsai::cpu {
 
@@ -59,12 +66,91 @@ ActInt8 act_int8_setup(const Int8Layout* layout, int64_t cols, int64_t n_tokens,
     return a;
 }
 
+namespace {
+
+// Round half away from zero of v (|v| <= 2^23): trunc, then one step away from zero when the
+// exact remainder reaches one half. The same operations in every variant give the same q.
+inline float round_half_away(float v) {
+    const float t = std::trunc(v);
+    const float f = v - t;
+    return t + static_cast<float>(f >= 0.5f) - static_cast<float>(f <= -0.5f);
+}
+
+// Returns amax, or infinity when some value is not finite.
+float absmax_scalar(const float* x, int64_t n) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < n; ++k) {
+        const float a = std::fabs(x[k]);
+        if (!(a <= std::numeric_limits<float>::max())) return std::numeric_limits<float>::infinity();
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
+void quantize_scalar(const float* x, int64_t n, float iscale, int8_t* q) {
+    for (int64_t k = 0; k < n; ++k) {
+        const float v = round_half_away(x[k] * iscale);
+        q[k] = static_cast<int8_t>(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define BONSAI_ACT_AVX2 __attribute__((target("avx2,fma")))
+
+BONSAI_ACT_AVX2 float absmax_avx2(const float* x, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(std::numeric_limits<float>::max());
+    __m256 m = _mm256_setzero_ps();
+    __m256 bad = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));  // NaN or infinity
+        m = _mm256_max_ps(m, a);
+    }
+    if (_mm256_movemask_ps(bad)) return std::numeric_limits<float>::infinity();
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    float amax = 0.0f;
+    for (float v : lanes) amax = v > amax ? v : amax;
+    const float tail = absmax_scalar(x + k, n - k);
+    return tail > amax ? tail : amax;
+}
+
+BONSAI_ACT_AVX2 void quantize_avx2(const float* x, int64_t n, float iscale, int8_t* q) {
+    const __m256 s = _mm256_set1_ps(iscale), half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f);
+    const __m256 one = _mm256_set1_ps(1.0f), lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f);
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + k), s);
+        const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 f = _mm256_sub_ps(v, t);
+        __m256 r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one));
+        r = _mm256_sub_ps(r, _mm256_and_ps(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ), one));
+        r = _mm256_min_ps(_mm256_max_ps(r, nlim), lim);
+        const __m256i i32 = _mm256_cvtps_epi32(r);
+        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packs_epi16(i16, i16));
+    }
+    quantize_scalar(x + k, n - k, iscale, q + k);
+}
+#endif
+
+}  // namespace
+
 void quantize_act_token(const ActInt8& a, const float* x, int64_t t) {
     const int64_t cols = a.cols;
     int8_t* q = a.q + t * cols;
-    float amax = 0.0f;
-    for (int64_t k = 0; k < cols; ++k) amax = std::fmax(amax, std::fabs(x[k]));
-    if (!std::isfinite(amax)) {
+#if defined(__x86_64__) || defined(__i386__)
+    const bool simd = cpu_has_avx2();
+#else
+    const bool simd = false;
+#endif
+    const float amax =
+#if defined(__x86_64__) || defined(__i386__)
+        simd ? absmax_avx2(x, cols) :
+#endif
+             absmax_scalar(x, cols);
+    if (!(amax <= std::numeric_limits<float>::max())) {
         a.scale[t] = std::numeric_limits<float>::quiet_NaN();
         std::memset(q, 0, static_cast<size_t>(cols));
     } else if (amax == 0.0f) {
@@ -73,11 +159,12 @@ void quantize_act_token(const ActInt8& a, const float* x, int64_t t) {
     } else {
         a.scale[t] = amax / 127.0f;
         const float iscale = 127.0f / amax;
-        for (int64_t k = 0; k < cols; ++k) {
-            float v = std::round(x[k] * iscale);
-            v = std::fmin(127.0f, std::fmax(-127.0f, v));
-            q[k] = static_cast<int8_t>(v);
-        }
+#if defined(__x86_64__) || defined(__i386__)
+        if (simd)
+            quantize_avx2(x, cols, iscale, q);
+        else
+#endif
+            quantize_scalar(x, cols, iscale, q);
     }
     const Int8Layout* l = a.layout;
     int32_t* asum = a.asum + t * a.n_blocks;
@@ -91,12 +178,21 @@ void quantize_act_token(const ActInt8& a, const float* x, int64_t t) {
     int8_t* dst = a.slots + t * a.slot_bytes;
     const int64_t unit_elems = static_cast<int64_t>(l->G) * l->block_elems;
     const int n_slots = l->C * 64;
+    const int64_t full_units = cols / unit_elems;  // units whose blocks all exist
     for (int64_t u = 0; u < a.n_units; ++u) {
-        const int64_t base = u * unit_elems;
+        const int8_t* qu = q + u * unit_elems;
         int8_t* d = dst + u * n_slots;
-        for (int s = 0; s < n_slots; ++s) {
-            const int e = l->slot_map[s];
-            d[s] = (e >= 0 && base + e < cols) ? q[base + e] : 0;
+        if (u < full_units) {
+            for (int s = 0; s < n_slots; ++s) {
+                const int e = l->slot_map[s];
+                d[s] = e >= 0 ? qu[e] : 0;
+            }
+        } else {
+            const int64_t left = cols - u * unit_elems;
+            for (int s = 0; s < n_slots; ++s) {
+                const int e = l->slot_map[s];
+                d[s] = (e >= 0 && e < left) ? qu[e] : 0;
+            }
         }
     }
 }
