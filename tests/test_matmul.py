@@ -145,7 +145,7 @@ def test_matmul_matches_reference_on_every_path(name, mode, n_tokens):
 
 
 @pytest.mark.parametrize("name", QUANT)
-@pytest.mark.parametrize("n_tokens", [1, 2, 5, 21])
+@pytest.mark.parametrize("n_tokens", [1, 2, 5, 11, 21])
 def test_int8_paths_bit_identical_larger(name, n_tokens):
     rng = np.random.default_rng(7)
     be = TYPES[name][1]

@@ -23,8 +23,8 @@ constexpr size_t kAlign = 64;
 size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 struct Sizes {
-    int64_t n_blocks, n_units, slot_bytes;
-    size_t scale, q, asum, slots;
+    int64_t n_blocks, n_units, slot_bytes, t_pad;
+    size_t scale, q, asum, asum_t, slots;
 };
 
 Sizes sizes_of(const Int8Layout* l, int64_t cols, int64_t n_tokens, bool with_slots) {
@@ -32,9 +32,11 @@ Sizes sizes_of(const Int8Layout* l, int64_t cols, int64_t n_tokens, bool with_sl
     s.n_blocks = cols / l->block_elems;
     s.n_units = (s.n_blocks + l->G - 1) / l->G;
     s.slot_bytes = with_slots ? s.n_units * l->C * 64 : 0;
-    s.scale = round_up(sizeof(float) * n_tokens);
+    s.t_pad = (n_tokens + 15) / 16 * 16;
+    s.scale = round_up(sizeof(float) * s.t_pad);
     s.q = round_up(static_cast<size_t>(cols * n_tokens));
     s.asum = round_up(sizeof(int32_t) * s.n_blocks * n_tokens);
+    s.asum_t = round_up(sizeof(int32_t) * s.n_blocks * s.t_pad);
     s.slots = static_cast<size_t>(s.slot_bytes * n_tokens);
     return s;
 }
@@ -43,7 +45,7 @@ Sizes sizes_of(const Int8Layout* l, int64_t cols, int64_t n_tokens, bool with_sl
 
 size_t act_int8_bytes(const Int8Layout* layout, int64_t cols, int64_t n_tokens, bool with_slots) {
     const Sizes s = sizes_of(layout, cols, n_tokens, with_slots);
-    return kAlign + s.scale + s.q + s.asum + s.slots;
+    return kAlign + s.scale + s.q + s.asum + s.asum_t + s.slots;
 }
 
 ActInt8 act_int8_setup(const Int8Layout* layout, int64_t cols, int64_t n_tokens, bool with_slots, void* buf) {
@@ -62,6 +64,13 @@ ActInt8 act_int8_setup(const Int8Layout* layout, int64_t cols, int64_t n_tokens,
     p += s.q;
     a.asum = reinterpret_cast<int32_t*>(p);
     p += s.asum;
+    a.t_pad = s.t_pad;
+    a.asum_t = reinterpret_cast<int32_t*>(p);
+    p += s.asum_t;
+    for (int64_t t = n_tokens; t < s.t_pad; ++t) {
+        a.scale[t] = 0.0f;
+        for (int64_t b = 0; b < s.n_blocks; ++b) a.asum_t[b * s.t_pad + t] = 0;
+    }
     a.slots = with_slots ? reinterpret_cast<int8_t*>(p) : nullptr;
     return a;
 }
@@ -173,6 +182,7 @@ void quantize_act_token(const ActInt8& a, const float* x, int64_t t) {
         const int8_t* qb = q + b * l->block_elems;
         for (int j = 0; j < l->block_elems; ++j) s += qb[j];
         asum[b] = s;
+        a.asum_t[b * a.t_pad + t] = s;
     }
     if (!a.slots) return;
     int8_t* dst = a.slots + t * a.slot_bytes;

@@ -21,16 +21,18 @@ struct ActInt8 {
     int64_t n_blocks;    // weight blocks per row
     int64_t n_units;     // units per row (n_blocks / G rounded up)
     int64_t slot_bytes;  // bytes of slot-ordered activations per token (n_units * C * 64), 0 if none
-    float* scale;        // [n_tokens]
+    float* scale;        // [t_pad], padding is 0
     int8_t* q;           // [n_tokens][cols], element order
     int32_t* asum;       // [n_tokens][n_blocks]
+    int64_t t_pad;       // n_tokens rounded up to 16
+    int32_t* asum_t;     // [n_blocks][t_pad], asum transposed for the prefill tiles; padding is 0
     int8_t* slots;       // [n_tokens][slot_bytes], 64-byte aligned; nullptr without slots
 };
 
 // Bytes of scratch needed by act_int8_setup.
 size_t act_int8_bytes(const Int8Layout* layout, int64_t cols, int64_t n_tokens, bool with_slots);
 
-// Carves the arrays out of buf (act_int8_bytes bytes, any alignment).
+// Carves the arrays out of buf (act_int8_bytes bytes, any alignment) and zeroes the padding.
 ActInt8 act_int8_setup(const Int8Layout* layout, int64_t cols, int64_t n_tokens, bool with_slots, void* buf);
 
 // Quantizes token t from x_t[0..cols).

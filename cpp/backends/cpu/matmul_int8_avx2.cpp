@@ -216,33 +216,40 @@ BONSAI_AVX2 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, cons
     return acc;
 }
 
-// 1 row x 4*kGroups tokens.
+// 1 row x 4*kGroups tokens (kGroups <= 2), one float lane per token: acc[i] is token t0 + i.
 template <class K, int kGroups>
-BONSAI_AVX2 void tile_tokens(const uint8_t* row, const int8_t* const* act, const int32_t* const* asum,
-                             int64_t nb, __m128* acc) {
+BONSAI_AVX2 __m256 tile_tokens(const uint8_t* row, const int8_t* const* act, const int32_t* asum_t, int64_t t_pad,
+                               int64_t nb) {
     const int64_t nu = (nb + K::G - 1) / K::G;
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
-    for (int grp = 0; grp < kGroups; ++grp) acc[grp] = _mm_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t u = 0; u < nu; ++u) {
         const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
         const uint8_t* p = row + u * unit_bytes;
         __m256i c[2 * K::C];
         K::codes(p, nin, c);
         const int64_t aoff = u * K::C * 64;
+        __m256i lo[kGroups], hi[kGroups];
+#pragma GCC unroll 2
         for (int grp = 0; grp < kGroups; ++grp) {
             __m256i s[4][2];
+#pragma GCC unroll 4
             for (int i = 0; i < 4; ++i) dot_unit<K>(c, act[4 * grp + i] + aoff, s[i]);
-            const __m256i lo = reduce4(s[0][0], s[1][0], s[2][0], s[3][0]);
-            const __m256i hi = reduce4(s[0][1], s[1][1], s[2][1], s[3][1]);
-            const int32_t* const* as = asum + 4 * grp;
-            for (int g = 0; g < nin; ++g) {
-                const int64_t b = u * K::G + g;
-                const __m128 d4 = _mm_set1_ps(half_to_float(load_u16(p + g * K::kBytes + K::kDOff)));
-                acc[grp] = block_fma<K>(acc[grp], block_isum<K>(lo, hi, g),
-                                        _mm_setr_epi32(as[0][b], as[1][b], as[2][b], as[3][b]), d4);
-            }
+            lo[grp] = reduce4(s[0][0], s[1][0], s[2][0], s[3][0]);
+            hi[grp] = reduce4(s[0][1], s[1][1], s[2][1], s[3][1]);
+        }
+        for (int g = 0; g < nin; ++g) {
+            const int64_t b = u * K::G + g;
+            __m256i isum = _mm256_castsi128_si256(block_isum<K>(lo[0], hi[0], g));
+            if constexpr (kGroups > 1) isum = _mm256_inserti128_si256(isum, block_isum<K>(lo[1], hi[1], g), 1);
+            const __m256i as = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum_t + b * t_pad));
+            if constexpr (K::kOff == 1) isum = _mm256_sub_epi32(isum, as);
+            if constexpr (K::kOff == 8) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(as, 3));
+            const __m256 d = _mm256_set1_ps(half_to_float(load_u16(p + g * K::kBytes + K::kDOff)));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
         }
     }
+    return acc;
 }
 
 template <class K>
@@ -263,28 +270,19 @@ BONSAI_AVX2 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int
         }
         return;
     }
-    for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* row = base + r * w.row_bytes;
-        for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 8) {
-            const int count = static_cast<int>(std::min<int64_t>(8, a.n_tokens - t0));
-            const int groups = (count + 3) / 4;
-            const int8_t* act[8];
-            const int32_t* asum[8];
-            alignas(16) float sc[8];
-            for (int i = 0; i < 8; ++i) {
-                const int64_t t = t0 + std::min(i, count - 1);
-                act[i] = a.slots + t * a.slot_bytes;
-                asum[i] = a.asum + t * nb;
-                sc[i] = a.scale[t];
-            }
-            __m128 acc[2];
-            if (groups == 1)
-                tile_tokens<K, 1>(row, act, asum, nb, acc);
-            else
-                tile_tokens<K, 2>(row, act, asum, nb, acc);
-            alignas(16) float out[8];
-            for (int grp = 0; grp < groups; ++grp)
-                _mm_store_ps(out + 4 * grp, _mm_mul_ps(acc[grp], _mm_load_ps(sc + 4 * grp)));
+    // Token tiles outside, rows inside: a tile's activations stay in cache while the rows stream.
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 8) {
+        const int count = static_cast<int>(std::min<int64_t>(8, a.n_tokens - t0));
+        const int8_t* act[8];
+        for (int i = 0; i < 8; ++i) act[i] = a.slots + (t0 + std::min(i, count - 1)) * a.slot_bytes;
+        const __m256 sc = _mm256_loadu_ps(a.scale + t0);
+        const int32_t* asum_t = a.asum_t + t0;
+        for (int64_t r = r0; r < r1; ++r) {
+            const uint8_t* row = base + r * w.row_bytes;
+            const __m256 acc = count > 4 ? tile_tokens<K, 2>(row, act, asum_t, a.t_pad, nb)
+                                         : tile_tokens<K, 1>(row, act, asum_t, a.t_pad, nb);
+            alignas(32) float out[8];
+            _mm256_store_ps(out, _mm256_mul_ps(acc, sc));
             for (int i = 0; i < count; ++i) y[(t0 + i) * rows + r] = out[i];
         }
     }

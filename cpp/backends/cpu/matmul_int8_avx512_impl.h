@@ -287,33 +287,41 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
     return acc;
 }
 
-// 1 row x 4*kGroups tokens.
+// 1 row x 4*kGroups tokens (kGroups <= 4), one float lane per token: acc[i] is token t0 + i.
 template <class K, int kGroups>
-BONSAI_AVX512 void tile_tokens(const uint8_t* row, const int8_t* const* act, const int32_t* const* asum,
-                               int64_t nb, __m128* acc) {
+BONSAI_AVX512 __m512 tile_tokens(const uint8_t* row, const int8_t* const* act, const int32_t* asum_t, int64_t t_pad,
+                                 int64_t nb) {
     const int64_t nu = (nb + K::G - 1) / K::G;
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
-    for (int grp = 0; grp < kGroups; ++grp) acc[grp] = _mm_setzero_ps();
+    __m512 acc = _mm512_setzero_ps();
     for (int64_t u = 0; u < nu; ++u) {
         const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
         const uint8_t* p = row + u * unit_bytes;
         __m512i c[K::C];
         K::codes(K::load(p, nin), c);
         const int64_t aoff = u * K::C * 64;
-        __m128 d[K::G];
-        for (int g = 0; g < nin; ++g) d[g] = _mm_set1_ps(half_to_float(load_u16(p + g * K::kBytes + K::kDOff)));
+        __m512i red[kGroups];
+#pragma GCC unroll 4
         for (int grp = 0; grp < kGroups; ++grp) {
             __m512i s[4];
+#pragma GCC unroll 4
             for (int i = 0; i < 4; ++i) s[i] = dot_unit<K>(c, act[4 * grp + i] + aoff);
-            const __m512i red = reduce4(s);
-            const int32_t* const* as = asum + 4 * grp;
-            for (int g = 0; g < nin; ++g) {
-                const int64_t b = u * K::G + g;
-                acc[grp] = block_fma<K>(acc[grp], block_isum<K>(red, g),
-                                        _mm_setr_epi32(as[0][b], as[1][b], as[2][b], as[3][b]), d[g]);
-            }
+            red[grp] = reduce4(s);
+        }
+        for (int g = 0; g < nin; ++g) {
+            const int64_t b = u * K::G + g;
+            __m512i isum = _mm512_castsi128_si512(block_isum<K>(red[0], g));
+            if constexpr (kGroups > 1) isum = _mm512_inserti32x4(isum, block_isum<K>(red[1], g), 1);
+            if constexpr (kGroups > 2) isum = _mm512_inserti32x4(isum, block_isum<K>(red[2], g), 2);
+            if constexpr (kGroups > 3) isum = _mm512_inserti32x4(isum, block_isum<K>(red[3], g), 3);
+            const __m512i as = _mm512_loadu_si512(asum_t + b * t_pad);
+            if constexpr (K::kOff == 1) isum = _mm512_sub_epi32(isum, as);
+            if constexpr (K::kOff == 8) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(as, 3));
+            const __m512 d = _mm512_set1_ps(half_to_float(load_u16(p + g * K::kBytes + K::kDOff)));
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
         }
     }
+    return acc;
 }
 
 template <class K>
@@ -335,30 +343,25 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
         }
         return;
     }
-    for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* row = base + r * w.row_bytes;
-        for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 16) {
-            const int count = static_cast<int>(std::min<int64_t>(16, a.n_tokens - t0));
-            const int groups = (count + 3) / 4;
-            const int8_t* act[16];
-            const int32_t* asum[16];
-            alignas(16) float sc[16];
-            for (int i = 0; i < 16; ++i) {
-                const int64_t t = t0 + std::min(i, count - 1);
-                act[i] = a.slots + t * a.slot_bytes;
-                asum[i] = a.asum + t * nb;
-                sc[i] = a.scale[t];
-            }
-            __m128 acc[4];
+    // Token tiles outside, rows inside: a tile's activations stay in cache while the rows stream.
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 16) {
+        const int count = static_cast<int>(std::min<int64_t>(16, a.n_tokens - t0));
+        const int groups = (count + 3) / 4;
+        const int8_t* act[16];
+        for (int i = 0; i < 16; ++i) act[i] = a.slots + (t0 + std::min(i, count - 1)) * a.slot_bytes;
+        const __m512 sc = _mm512_loadu_ps(a.scale + t0);
+        const int32_t* asum_t = a.asum_t + t0;
+        for (int64_t r = r0; r < r1; ++r) {
+            const uint8_t* row = base + r * w.row_bytes;
+            __m512 acc;
             switch (groups) {
-                case 1: tile_tokens<K, 1>(row, act, asum, nb, acc); break;
-                case 2: tile_tokens<K, 2>(row, act, asum, nb, acc); break;
-                case 3: tile_tokens<K, 3>(row, act, asum, nb, acc); break;
-                default: tile_tokens<K, 4>(row, act, asum, nb, acc); break;
+                case 1: acc = tile_tokens<K, 1>(row, act, asum_t, a.t_pad, nb); break;
+                case 2: acc = tile_tokens<K, 2>(row, act, asum_t, a.t_pad, nb); break;
+                case 3: acc = tile_tokens<K, 3>(row, act, asum_t, a.t_pad, nb); break;
+                default: acc = tile_tokens<K, 4>(row, act, asum_t, a.t_pad, nb); break;
             }
-            alignas(16) float out[16];
-            for (int grp = 0; grp < groups; ++grp)
-                _mm_store_ps(out + 4 * grp, _mm_mul_ps(acc[grp], _mm_load_ps(sc + 4 * grp)));
+            alignas(64) float out[16];
+            _mm512_store_ps(out, _mm512_mul_ps(acc, sc));
             for (int i = 0; i < count; ++i) y[(t0 + i) * rows + r] = out[i];
         }
     }
