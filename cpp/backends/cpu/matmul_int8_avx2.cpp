@@ -1,6 +1,7 @@
 // AVX2 INT8 matmul (AVX2 + FMA + F16C by function attributes, chosen at run time).
 //
-// The same algorithm as matmul_int8_avx512.cpp on ymm registers: each 64-byte code vector of a unit
+// The same algorithm as matmul_int8_avx512_impl.h on ymm registers (base-3 bytes are unpacked with
+// byte adds and compares, see trits5): each 64-byte code vector of a unit
 // (int8_layout.h) is handled as two ymm halves. Codes times activations go through vpmaddubsw
 // (unsigned code x signed activation into int16 pairs; the code ranges keep every int16 sum below
 // 32767, see the bounds below) and vpmaddwd with ones into int32, so every block's dot product is
@@ -25,19 +26,16 @@ namespace {
 // are short and contiguous.
 constexpr int kPrefetchRows = 8;
 
+// Trit n of every byte, without multiplies: with m = (b * 3^n) mod 256 the trit is
+// (m > 85) + (m > 170). The kernel tracks m' = m ^ 0x80 (signed bytes, so the tests are signed
+// compares with -43 and 42); m' follows the same recurrence m'_{n+1} = 3 m'_n mod 256.
 BONSAI_AVX2 inline void trits5(__m256i src, __m256i* c, int stride) {
-    const __m256i hi_mask = _mm256_set1_epi16(static_cast<short>(0xFF00));
-    const __m256i three = _mm256_set1_epi16(3);
-    const __m256i three_hi = _mm256_set1_epi16(3 << 8);
-    const __m256i odd = _mm256_and_si256(src, hi_mask);
-    constexpr short pow3[5] = {1, 3, 9, 27, 81};
+    const __m256i lo = _mm256_set1_epi8(-43), hi = _mm256_set1_epi8(42);
+    __m256i m = _mm256_xor_si256(src, _mm256_set1_epi8(static_cast<char>(0x80)));
     for (int n = 0; n < 5; ++n) {
-        const __m256i pe = n == 0 ? _mm256_slli_epi16(src, 8)
-                                  : _mm256_mullo_epi16(src, _mm256_set1_epi16(static_cast<short>(pow3[n] << 8)));
-        const __m256i po = n == 0 ? odd : _mm256_mullo_epi16(odd, _mm256_set1_epi16(pow3[n]));
-        const __m256i te = _mm256_mulhi_epu16(pe, three);
-        const __m256i to = _mm256_and_si256(_mm256_mulhi_epu16(po, three_hi), hi_mask);
-        c[n * stride] = _mm256_or_si256(te, to);
+        const __m256i neg = _mm256_add_epi8(_mm256_cmpgt_epi8(m, lo), _mm256_cmpgt_epi8(m, hi));  // -trit
+        c[n * stride] = _mm256_abs_epi8(neg);
+        if (n < 4) m = _mm256_add_epi8(m, _mm256_add_epi8(m, m));
     }
 }
 
