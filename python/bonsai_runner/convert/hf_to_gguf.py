@@ -202,12 +202,14 @@ def _plan_hf(source: HfSource, family, specs, outtype: str, allow_lossy: bool, p
         if spec.role in (ROLE_NORM, ROLE_BIAS) or len(spec.shape) == 1:
             t = "f32"
         elif spec.role in (ROLE_TOKEN_EMBD, ROLE_OUTPUT):
-            t = outtype if outtype in FREE_OUTTYPES and outtype != "auto" else (
-                float_default if outtype == "auto" else "f16")
+            if outtype == "auto":
+                t = "f16" if ternary_ckpt else float_default
+            else:
+                t = outtype if outtype in FREE_OUTTYPES else "f16"
         elif outtype == "auto":
             t = best_ternary_type(groups.get(spec.hf_name, ())) if ternary_ckpt else None
             exact = t is not None
-            t = t or float_default
+            t = t or ("f16" if ternary_ckpt else float_default)
             if ternary_ckpt and not exact:
                 plan.fallback.append(fallback_entry(spec.gguf_name, t, "not ternary in the source "
                                                     "checkpoint"))

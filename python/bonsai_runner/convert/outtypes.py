@@ -5,8 +5,12 @@ Rules (those of llama.cpp's converter, extended to the ternary types):
 - f32 / f16 / bf16 / q8_0: every 2-D tensor, token embedding and output head included, takes it.
 - ternary types (ptq1_0, pq2_0, q2_0, tq1_0, tq2_0) and q4_0: the linear weights of the blocks
   take it; token embedding and output head are F16.
-- auto: F16 for a float checkpoint (BF16 when the source is BF16); for ternary tensors the best
-  lossless ternary packing (PTQ1_0, or Q2_0 when the scales hold only per 64 weights).
+- auto: F16 for a float checkpoint (BF16 when the source is BF16). A checkpoint whose linear
+  weights are (mostly) exactly ternary gets the best lossless ternary packing for each ternary
+  tensor (PTQ1_0, or Q2_0 when the scales hold only per 64 weights) and F16 for everything else
+  2-D (listed in the fallback table when a linear weight is not ternary).
+These rules are for Hugging Face checkpoints; PTQ1_0 directories and GGUF input keep their tiers
+(see hf_to_gguf.py and gguf_to_gguf.py).
 - A row whose length is not a multiple of the type's block cannot be stored in it: such tensors
   fall back to F16 (reported).
 

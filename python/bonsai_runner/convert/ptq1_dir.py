@@ -156,9 +156,8 @@ class Ptq1DirWriter:
         self._stage(f"{module}.weight_shape", np.array(p.codes.shape, dtype=np.int64))
         self.targets[t.name].append(module)
         self.records.append(TensorRecord(
-            name, t.name, list(p.codes.shape), t.group, float(s.min(initial=0)),
-            float(s.max(initial=0)), float(s.mean()) if s.size else 0.0, cosine, rel_err,
-            loss_delta, fallback_reason))
+            name, t.name, list(p.codes.shape), t.group, float(s.min()), float(s.max()),
+            float(s.mean()), cosine, rel_err, loss_delta, fallback_reason))
 
     def add_plain(self, name: str, data: np.ndarray, dtype: str | None = None, *,
                   fallback_reason: str | None = None) -> None:
