@@ -1,11 +1,11 @@
 // Reference quantizers and dequantizers (scalar C++, bit-exact with llama.cpp / PrismML).
 //
-// Per block of a quantized type:
-//   Q8_0            d = amax / 127,       q = roundf(x * id)                        id = d ? 1/d : 0
-//   Q4_0            d = max / -8 (max: the signed value of largest |x|, first wins),
-//                   q = min(15, trunc(x * id + 8.5f))
+// Per block of a quantized type (id = d ? 1/d : 0):
+//   Q8_0     d = amax / 127   q = roundf(x * id)
+//   Q4_0     d = max / -8     q = min(15, trunc(x * id + 8.5f)), max: the signed value of
+//                             largest |x|, the first one on ties
 //   TQ1_0, TQ2_0, Q2_0, Q2_0_G128, PQ2_0, PTQ1_0
-//                   d = amax,             q = lroundf(x * id) + 1  (0..2 ternary, 0..3 for Q2)
+//            d = amax         q = lroundf(x * id) + 1 (0..2 ternary, clamped to 0..3 for Q2)
 // with every operation in float32 in that order, so numpy (quants.py) reproduces the bytes.
 // d is stored as fp16; the codes are computed from the float32 d, as llama.cpp does.
 //

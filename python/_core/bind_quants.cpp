@@ -41,7 +41,8 @@ py::array_t<T, py::array::c_style> as_array(const py::array& a, const char* what
 int64_t row_length(const bonsai::TypeTraits& t, const std::vector<py::ssize_t>& shape,
                    const char* what) {
     if (shape.empty())
-        throw bonsai::Error(std::string(what) + " needs at least one dimension (rows are the last)");
+        throw bonsai::Error(std::string(what) +
+                            " needs at least one dimension (rows are the last)");
     for (py::ssize_t s : shape)
         if (s < 0) throw bonsai::Error(std::string(what) + ": negative dimension in shape");
     const int64_t n = shape.back();
@@ -83,7 +84,8 @@ int64_t checked_elements(const bonsai::TypeTraits& t, const py::array_t<uint8_t>
     return rows * n;
 }
 
-py::array dequantize(uint32_t type, const py::array& data_in, const std::vector<py::ssize_t>& shape) {
+py::array dequantize(uint32_t type, const py::array& data_in,
+                     const std::vector<py::ssize_t>& shape) {
     const bonsai::TypeTraits& t = traits_of(type);
     auto data = as_array<uint8_t>(data_in, "dequantize", "uint8");
     const int64_t total = checked_elements(t, data, shape, "dequantize");
@@ -118,6 +120,19 @@ float from_fp16(uint16_t h) { return bonsai::fp16_to_fp32(h); }
 uint16_t to_bf16(float f) { return bonsai::fp32_to_bf16(f); }
 float from_bf16(uint16_t h) { return bonsai::bf16_to_fp32(h); }
 
+py::array fp32_to_fp16_array(const py::array& x) {
+    return convert<float, uint16_t, to_fp16>(x, "fp32_to_fp16", "float32");
+}
+py::array fp16_to_fp32_array(const py::array& h) {
+    return convert<uint16_t, float, from_fp16>(h, "fp16_to_fp32", "uint16");
+}
+py::array fp32_to_bf16_array(const py::array& x) {
+    return convert<float, uint16_t, to_bf16>(x, "fp32_to_bf16", "float32");
+}
+py::array bf16_to_fp32_array(const py::array& h) {
+    return convert<uint16_t, float, from_bf16>(h, "bf16_to_fp32", "uint16");
+}
+
 }  // namespace
 
 void bind_quants(py::module_& m) {
@@ -126,18 +141,14 @@ void bind_quants(py::module_& m) {
           "returns uint8 of shape (..., row_bytes). Errors name flat (C-order) element indices.");
     m.def("dequantize", &dequantize, py::arg("type"), py::arg("data"), py::arg("shape"),
           "Dequantizes the uint8 bytes of a tensor of `shape` (elements) to float32.");
-    m.def("fp32_to_fp16",
-          [](const py::array& x) { return convert<float, uint16_t, to_fp16>(x, "fp32_to_fp16", "float32"); },
-          py::arg("x"), "fp16 bits (uint16) of a float32 array, round to nearest even.");
-    m.def("fp16_to_fp32",
-          [](const py::array& h) { return convert<uint16_t, float, from_fp16>(h, "fp16_to_fp32", "uint16"); },
-          py::arg("bits"), "float32 values of an array of fp16 bits (uint16).");
-    m.def("fp32_to_bf16",
-          [](const py::array& x) { return convert<float, uint16_t, to_bf16>(x, "fp32_to_bf16", "float32"); },
-          py::arg("x"), "bf16 bits (uint16) of a float32 array, round to nearest even.");
-    m.def("bf16_to_fp32",
-          [](const py::array& h) { return convert<uint16_t, float, from_bf16>(h, "bf16_to_fp32", "uint16"); },
-          py::arg("bits"), "float32 values of an array of bf16 bits (uint16).");
+    m.def("fp32_to_fp16", &fp32_to_fp16_array, py::arg("x"),
+          "fp16 bits (uint16) of a float32 array, round to nearest even.");
+    m.def("fp16_to_fp32", &fp16_to_fp32_array, py::arg("bits"),
+          "float32 values of an array of fp16 bits (uint16).");
+    m.def("fp32_to_bf16", &fp32_to_bf16_array, py::arg("x"),
+          "bf16 bits (uint16) of a float32 array, round to nearest even.");
+    m.def("bf16_to_fp32", &bf16_to_fp32_array, py::arg("bits"),
+          "float32 values of an array of bf16 bits (uint16).");
 #ifdef BONSAI_CUDA
     m.def("cuda_device_count", &bonsai::cuda_device_count,
           "Number of CUDA devices visible to the engine (0 without a driver).");

@@ -86,7 +86,9 @@ def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
 
 
 def _index(flat: int, shape: tuple[int, ...]) -> str:
-    return str(tuple(int(i) for i in np.unravel_index(flat, shape))) if len(shape) > 1 else str(flat)
+    if len(shape) == 1:
+        return str(flat)
+    return str(tuple(int(i) for i in np.unravel_index(flat, shape)))
 
 
 def _round_half_away(v: np.ndarray) -> np.ndarray:
@@ -201,9 +203,10 @@ def _quantize_plain(info: TypeInfo, x: np.ndarray, shape: tuple[int, ...]) -> np
 def quantize(x: np.ndarray, qtype: str | int | TypeInfo) -> np.ndarray:
     """Quantizes float values (rows = last axis) to `qtype`; returns uint8 (..., row_bytes)."""
     info = _resolve(qtype)
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = np.asarray(x, dtype=np.float32)
     if x.ndim == 0:
         raise BonsaiError("quantize needs at least one dimension (rows are the last)")
+    x = np.ascontiguousarray(x)
     shape = x.shape
     n = shape[-1]
     if n % info.block_size:
@@ -239,6 +242,11 @@ def _unpack_trits(qs: np.ndarray, ntrits: int) -> np.ndarray:
 
 
 def _dequantize_blocks(info: TypeInfo, blk: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):  # a NaN / Inf scale in the bytes gives NaN / Inf values
+        return _dequantize_scaled(info, blk)
+
+
+def _dequantize_scaled(info: TypeInfo, blk: np.ndarray) -> np.ndarray:
     nb, name = blk.shape[0], info.name
     off = _SCALE_OFFSET[name]
     d = fp16_bits_to_fp32(np.ascontiguousarray(blk[:, off:off + 2]).view("<u2")[:, 0])[:, None]
