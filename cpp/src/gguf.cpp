@@ -142,7 +142,7 @@ private:
 
     void read_header() {
         if (size_ < 4) fail("file is too small to be a GGUF file (" + std::to_string(size_) +
-                            " bytes); the download is incomplete or this is not a model file");
+                            " bytes); it is truncated or not a model file");
         if (std::memcmp(p_, "GGUF", 4) != 0) {
             std::string got;
             for (int k = 0; k < 4; ++k) {
@@ -416,12 +416,12 @@ private:
             set_42(t, fit);
             return;
         }
-        const std::string sz = "mainline Q2_0 (64-element blocks, " + std::to_string(sizes[0]) +
-                               " bytes) or legacy Q2_0 g128 (128-element blocks, " +
-                               (sizes[1] ? std::to_string(sizes[1]) + " bytes)" : "n/a)");
+        const std::string g64 = "mainline Q2_0 (64-element blocks, " + std::to_string(sizes[0]) + " bytes)";
+        const std::string g128 = "legacy Q2_0 g128 (128-element blocks, " +
+                                 (sizes[1] ? std::to_string(sizes[1]) + " bytes)" : "rows too short)");
         if (fits == 2)
             fail("tensor " + quoted(t.name) + " has ggml type id 42 and occupies " +
-                 std::to_string(span) + " bytes, which fits both " + sz +
+                 std::to_string(span) + " bytes, which fits both " + g64 + " and " + g128 +
                  "; it cannot be read unambiguously, re-convert it as PQ2_0 or PTQ1_0");
         const uint64_t smallest = sizes[1] && sizes[1] < sizes[0] ? sizes[1] : sizes[0];
         if (last && span < smallest) {
@@ -429,7 +429,8 @@ private:
             past_end(t, data_size);
         }
         fail("tensor " + quoted(t.name) + " has ggml type id 42 with " + std::to_string(n) +
-             " elements but occupies " + std::to_string(span) + " bytes, the size of neither " + sz +
+             " elements but occupies " + std::to_string(span) + " bytes, the size of neither " +
+             g64 + " nor " + g128 +
              "; the file is corrupt or uses an unknown Q2_0 variant");
     }
 

@@ -5,6 +5,7 @@
 // is accepted when the value fits the requested one, and a value that does not fit is an error
 // naming the key rather than a silent wrap-around.
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include "bonsai/error.h"
@@ -55,9 +56,14 @@ std::string render_string(const std::string& s, size_t max_chars) {
     return out;
 }
 
-std::string render_float(double x) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", x);
+// Shortest decimal that reads back as the same value (float32 values as float32).
+std::string render_float(double x, bool single) {
+    char buf[40];
+    for (int prec = single ? 6 : 15; prec <= 17; ++prec) {
+        std::snprintf(buf, sizeof buf, "%.*g", prec, x);
+        const double back = std::strtod(buf, nullptr);
+        if (single ? static_cast<float>(back) == static_cast<float>(x) : back == x) break;
+    }
     return buf;
 }
 
@@ -66,8 +72,8 @@ std::string render_element(const GgufValue& v, size_t k, size_t max_chars) {
     switch (v.elem_type) {
         case GgufValueType::STRING: return render_string(v.s[k], max_chars);
         case GgufValueType::BOOL: return v.u[k] ? "true" : "false";
-        case GgufValueType::FLOAT32:
-        case GgufValueType::FLOAT64: return render_float(v.f[k]);
+        case GgufValueType::FLOAT32: return render_float(v.f[k], true);
+        case GgufValueType::FLOAT64: return render_float(v.f[k], false);
         default: break;
     }
     if (is_signed(v.elem_type)) return std::to_string(v.i[k]);

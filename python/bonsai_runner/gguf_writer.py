@@ -88,13 +88,13 @@ def _infer_int(v: int) -> ValueType:
 
 
 def _infer_scalar(key: str, v: Any) -> ValueType:
+    # numpy scalars are inferred by value like Python numbers (llama.cpp checks key types strictly,
+    # so an np.int64 block count must still become UINT32); pass vtype for anything else.
     if isinstance(v, (bool, np.bool_)):
         return ValueType.BOOL
-    if isinstance(v, np.generic) and v.dtype in _NUMPY_VALUE_TYPE:
-        return _NUMPY_VALUE_TYPE[v.dtype]
-    if isinstance(v, int):
-        return _infer_int(v)
-    if isinstance(v, float):
+    if isinstance(v, (int, np.integer)):
+        return _infer_int(int(v))
+    if isinstance(v, (float, np.floating)):
         return ValueType.FLOAT32
     if isinstance(v, str):
         return ValueType.STRING
@@ -168,7 +168,8 @@ def encode_value(key: str, value: Any, vtype: ValueType | None = None) -> bytes:
     if isinstance(value, (list, tuple)):
         elem = ValueType(vtype) if vtype is not None else _infer_element(key, list(value))
         if elem == ValueType.ARRAY:
-            raise BonsaiError(f"metadata key {key!r}: arrays of arrays are not supported")
+            raise BonsaiError(f"metadata key {key!r}: for a list, vtype is the element type "
+                              "(arrays of arrays are not supported)")
         body = b"".join(_encode_scalar(key, elem, x) for x in value)
         return struct.pack("<IIQ", ValueType.ARRAY, elem, len(value)) + body
     vt = ValueType(vtype) if vtype is not None else _infer_scalar(key, value)
@@ -229,8 +230,8 @@ class GGUFWriter:
     def add(self, key: str, value: Any, vtype: ValueType | None = None) -> None:
         """Adds a metadata key. The type is inferred (str -> STRING, bool -> BOOL, int -> UINT32
         (negative: INT32; 64-bit when needed), float -> FLOAT32, list -> ARRAY of the inferred
-        element type, integer lists INT32) unless `vtype` is given; for a list, `vtype` is the
-        element type."""
+        element type with integer lists INT32, 1-D numpy array -> ARRAY of its dtype) unless
+        `vtype` is given; for a list or array, `vtype` is the element type."""
         if not isinstance(key, str) or not key:
             raise BonsaiError(f"metadata key must be a non-empty string, got {key!r}")
         if key in self._kv:
