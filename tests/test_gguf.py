@@ -164,6 +164,19 @@ def test_writer_output_matches_gguf_py_and_our_reader(tmp_path):
         assert g.value_type("t.i16") == (ValueType.INT16, None)
 
 
+def test_gguf_py_reads_custom_alignment(tmp_path):
+    path = tmp_path / "a64.gguf"
+    x = RNG.standard_normal((2, 40)).astype(np.float32)
+    w = GGUFWriter(path, "llama", alignment=64)
+    w.add_tensor("a", x[0], "F32", (40,))
+    w.add_tensor("b", x, "F32", x.shape)
+    w.write()
+    ref = gguf.GGUFReader(path)
+    assert ref.alignment == 64
+    assert np.array_equal(np.asarray(ref.tensors[1].data), x)
+    assert _core.GgufFile(path).tensor("b").offset == 192
+
+
 def test_gguf_py_written_file_reads_identically(tmp_path):
     path = tmp_path / "by_gguf_py.gguf"
     gw = gguf.GGUFWriter(path, "qwen2")

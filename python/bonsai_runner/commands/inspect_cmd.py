@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 HELP = "show a GGUF file's metadata, tensor types, size breakdown and fallback table"
@@ -36,8 +37,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         if not args.tensors:
             report.pop("tensors")
-        json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
-        sys.stdout.write("\n")
+        text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     else:
-        sys.stdout.write(format_report(report, tensors=args.tensors))
+        text = format_report(report, tensors=args.tensors)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `bonsai inspect model.gguf | head`: the reader has seen enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
