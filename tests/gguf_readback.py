@@ -67,5 +67,5 @@ def _read_bonsai(path) -> ReadBack:
     for t in g.tensors:
         types[t.name] = t.type_name.upper()
         shapes[t.name] = tuple(t.shape)
-        raw[t.name] = np.asarray(g.tensor_data(t.name)).reshape(-1).view(np.uint8)
+        raw[t.name] = np.asarray(g.tensor_bytes(t.name)).reshape(-1).view(np.uint8)
     return ReadBack(dict(g.metadata), types, shapes, raw)

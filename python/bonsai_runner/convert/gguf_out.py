@@ -1,7 +1,7 @@
 """Opening the output GGUF and adding typed metadata to it (bonsai_runner.gguf_writer underneath).
 
 Metadata travels through the converters as `MetaKV(key, value, vtype)` with the GGUF value type
-named as in gguf.GGUFValueType ("UINT32", "STRING", ...; for arrays the element type). This module
+named as in gguf_writer.ValueType ("UINT32", "STRING", ...; for arrays the element type). This module
 is the one place that maps them onto the writer, and that refuses to overwrite an existing file
 unless asked (the writer itself writes to a temporary name and renames when complete).
 """
@@ -43,10 +43,10 @@ def open_writer(outfile: Path, arch: str):
 
 
 def add_metadata(writer, items: list[MetaKV]) -> None:
-    import gguf
+    from ..gguf_writer import ValueType
 
     for kv in items:
-        vtype = gguf.GGUFValueType[kv.vtype]
+        vtype = ValueType[kv.vtype]
         value = kv.value
         if isinstance(value, (list, tuple, np.ndarray)) and kv.vtype in _ARRAY_DTYPES:
             value = np.asarray(value, dtype=_ARRAY_DTYPES[kv.vtype])

@@ -6,12 +6,14 @@ with gguf.GGUFReader, which also gives every metadata value's exact GGUF type; f
 Dequantization: gguf.quants for the standard ids, bonsai_runner.quants for the ternary ones.
 
 Output types of the tensors (a 1-D tensor is always F32):
-    auto                    every tensor keeps its type (metadata-only rewrite)
+    auto                    every tensor keeps its type (metadata-only rewrite); types this
+                            project cannot write (Q4_K, Q6_K, ...) need an explicit out type
     f32 / f16 / bf16 / q8_0 every 2-D tensor
     ternary types           the ternary tensors of a ternary file (PTQ1_0 -> Q2_0 for mainline
                             llama.cpp, ...); its Q8_0/Q4_0/F16 fallback tensors keep their types.
                             In a file without ternary tensors: every linear weight.
     q4_0                    linear weights; token embedding and output head keep their type
+A tensor whose kept type cannot be written (Q6_K output head, ...) becomes F16.
 Every conversion must reproduce the source values exactly (re-decoded and compared, tensor by
 tensor, before anything is written), except with --allow-lossy; same-type copies and -> F32 are
 exact by construction. Metadata is carried over: general.file_type is recomputed, the bonsai.*
@@ -29,10 +31,11 @@ import numpy as np
 
 from ..errors import BonsaiError
 from ..ggml_types import TYPES, type_info
-from .arch.base import BOOL, F32, I32, STR, U32, MetaKV
+from .arch.base import STR, U32, MetaKV
 from .gguf_out import add_metadata, check_outfile, open_writer
 from .outtypes import FILE_TYPE, OUTTYPES, TERNARY_OUTTYPES, file_type_of, fits_block
-from .plan import PlannedTensor, RawTensor, find_lossy, lossy_error, write_plan
+from .plan import (PlannedTensor, RawTensor, find_lossy, lossy_error, needs_verification,
+                   write_plan)
 from .tensor_codec import decode
 
 _SKIP_KEYS = ("general.architecture", "general.alignment", "general.file_type",
@@ -88,9 +91,11 @@ class GgufSource:
 
         g = open_gguf(str(self.path))
         for key, value in g.metadata.items():
-            self.metadata.append(MetaKV(key, value, _infer_vtype(key, value)))
+            vtype, elem = g.value_type(key)
+            self.metadata.append(MetaKV(key, value, (elem or vtype).name))
         for t in g.tensors:
-            self._add(t.name, t.type_name.lower(), np.asarray(g.tensor_data(t.name)), tuple(t.shape))
+            self._add(t.name, t.type_name.lower(), np.asarray(g.tensor_bytes(t.name)),
+                      tuple(t.shape))
 
     def _add(self, name: str, tname: str, raw: np.ndarray, shape: tuple[int, ...]) -> None:
         rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
@@ -103,20 +108,6 @@ class GgufSource:
             if kv.key == key:
                 return kv.value
         return default
-
-
-def _infer_vtype(key: str, value) -> str:
-    """GGUF value type for a metadata value read without type information (llama.cpp's types)."""
-    v = value[0] if isinstance(value, (list, tuple)) and value else value
-    if isinstance(v, bool):
-        return BOOL
-    if isinstance(v, str):
-        return STR
-    if isinstance(v, float):
-        return F32
-    if key.endswith("token_type") or key.endswith(".token_type_count"):
-        return I32
-    return U32
 
 
 def _dequantizer(tname: str, data: np.ndarray, shape, name: str) -> Callable[[], np.ndarray]:
@@ -167,17 +158,22 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
         raise BonsaiError(f"{src}: no general.architecture key; not a model file")
     file_ternary = any(t.type_name in TYPES and type_info(t.type_name).ternary
                        for t in source.tensors)
-    items, fell_back = [], []
+    items, fell_back, unwritable = [], [], set()
     for name, t in zip(source.names, source.tensors):
         ot = _out_type(name, t.type_name, t.shape, outtype, file_ternary)
-        if ot not in TYPES and ot != t.type_name:
-            raise BonsaiError(f"{name}: cannot write type {ot}")
+        if ot not in TYPES:
+            unwritable.add(ot.upper())
+            ot = "f16"
         if ot != t.type_name and not fits_block(ot, t.shape[-1]):
             fell_back.append(name)
             ot = t.type_name
         role = "linear" if len(t.shape) == 2 and name not in _EMBD_OUT else ""
-        items.append(PlannedTensor(name, t.shape, ot, (lambda t=t: t), exact=not allow_lossy,
-                                   role=role))
+        exact = not allow_lossy and needs_verification(t.type_name, ot)
+        items.append(PlannedTensor(name, t.shape, ot, (lambda t=t: t), exact, role))
+    if unwritable and outtype == "auto":
+        raise BonsaiError(f"{src}: tensor types {', '.join(sorted(unwritable))} can be read but not "
+                          "written by bonsai-runner; choose --outtype f32 (exact) or f16/bf16/q8_0 "
+                          "or a ternary type (with --allow-lossy where values change)")
     if not allow_lossy:
         lossy = find_lossy(items, progress)
         if lossy:

@@ -32,7 +32,7 @@ from .gguf_out import add_metadata, check_outfile, open_writer
 from .hf_reader import HfCheckpoint, read_json
 from .outtypes import (FREE_OUTTYPES, OUTTYPES, TERNARY_OUTTYPES, file_type_of,
                        fits_block)
-from .plan import PlannedTensor, find_lossy, lossy_error, write_plan
+from .plan import PlannedTensor, find_lossy, lossy_error, needs_verification, write_plan
 from .ptq1_dir import Ptq1Dir
 from .ptq1_pack import TIERS
 from .safetensors_file import bf16_bits_to_float32
@@ -248,6 +248,7 @@ def _plan_ptq1(source: Ptq1Dir, family, specs, outtype: str, allow_lossy: bool) 
     for spec in specs:
         tier = source.tier_of(spec.hf_name)
         if tier is not None:
+            stored = tier.gguf_type
             if outtype == "auto" or (outtype in TERNARY_OUTTYPES and not tier.ternary):
                 t = tier.gguf_type
             else:
@@ -266,8 +267,8 @@ def _plan_ptq1(source: Ptq1Dir, family, specs, outtype: str, allow_lossy: bool) 
             plan.fell_back_block.append(f"{spec.gguf_name} ({t} block does not divide "
                                         f"{spec.shape[-1]})")
             t = "f16"
-        plan.items.append(PlannedTensor(spec.gguf_name, spec.shape, t, load,
-                                        exact=not allow_lossy, role=spec.role))
+        exact = not allow_lossy and needs_verification(stored, t)
+        plan.items.append(PlannedTensor(spec.gguf_name, spec.shape, t, load, exact, spec.role))
         rec = source.records.get(spec.hf_name)
         if rec is not None:
             metrics = {k: getattr(rec, k) for k in ("cosine", "rel_err", "loss_delta")

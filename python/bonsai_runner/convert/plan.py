@@ -11,8 +11,9 @@ assembly, anything else is decoded to float32 and encoded.
 
 Exactness: with `exact=True` the result must decode to the very values of the source
 (tensor_codec.encode_exact); `find_lossy` runs those conversions once beforehand, so that every
-tensor that would change is reported in one error and no output file is started. Conversions that
-cannot change a value (same type, any -> F32, a tier to its own type) are not re-checked.
+tensor that would change is reported in one error and no output file is started. Planners leave
+`exact` off for conversions that cannot change a value (`needs_verification`: same type, any ->
+F32); a ternary tier's packing is verified on its own (ternary.pack_ternary).
 """
 
 from __future__ import annotations
@@ -45,17 +46,13 @@ class PlannedTensor:
     shape: tuple[int, ...]                  # numpy order
     out_type: str                           # type key ("f16", "ptq1_0", ...)
     load: Callable[[], Source]
-    exact: bool = False                     # values must survive unchanged
+    exact: bool = False                     # values must survive unchanged: verify
     role: str = ""
 
-    def structurally_exact(self, src: Source) -> bool:
-        if self.out_type == "f32":
-            return True
-        if isinstance(src, RawTensor):
-            return type_key(src.type_name) == self.out_type
-        if isinstance(src, PackedTensor):
-            return src.tier.gguf_type == self.out_type
-        return False
+
+def needs_verification(src_type: str, out_type: str) -> bool:
+    """False for conversions that cannot change a value: same type, or anything -> F32."""
+    return out_type != "f32" and type_key(src_type) != type_key(out_type)
 
 
 def convert_tensor(src: Source, out_type: str, name: str, exact: bool) -> np.ndarray:
@@ -79,8 +76,6 @@ def find_lossy(items: list[PlannedTensor], progress: bool = True) -> list[LossyC
     lossy = []
     for it in _bar(todo, "checking exactness", progress):
         src = it.load()
-        if it.structurally_exact(src):
-            continue
         try:
             convert_tensor(src, it.out_type, it.name, exact=True)
         except LossyConversion as e:

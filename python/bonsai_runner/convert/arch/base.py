@@ -35,7 +35,7 @@ ROLE_NORM = "norm"
 ROLE_BIAS = "bias"
 ROLE_ROPE_FREQS = "rope_freqs"
 
-# GGUF value type names passed with metadata (gguf.GGUFValueType member names).
+# GGUF value type names passed with metadata (gguf_writer.ValueType member names).
 U32, I32, F32, BOOL, STR = "UINT32", "INT32", "FLOAT32", "BOOL", "STRING"
 
 
@@ -70,7 +70,7 @@ class HParams:
 class MetaKV:
     key: str
     value: Any
-    vtype: str   # gguf.GGUFValueType member name; for arrays, the element type
+    vtype: str   # gguf_writer.ValueType member name; for arrays, the element type
 
 
 def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
