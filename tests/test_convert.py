@@ -244,6 +244,41 @@ def test_bpe_string_merges_and_pre_tokenizer_override(hf_model, tmp_path):
     assert md["tokenizer.ggml.merges"] == [" ".join(p) for p in pairs]
 
 
+def test_pre_tokenizer_detection():
+    from bonsai_runner.convert.tokenizer_meta import detect_pre_tokenizer
+
+    llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    qwen2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+
+    def seq(regex):
+        return {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated"}, byte_level]}
+    assert detect_pre_tokenizer(seq(llama3)) == "llama-bpe"
+    assert detect_pre_tokenizer(seq(qwen2)) == "qwen2"
+    assert detect_pre_tokenizer({"type": "ByteLevel", "add_prefix_space": False,
+                                 "use_regex": True}) == "default"
+    with pytest.raises(BonsaiError, match="not byte-level"):
+        detect_pre_tokenizer({"type": "Metaspace", "replacement": "\u2581"})
+
+
+def test_mistral_converts_as_llama(hf_model, tmp_path):
+    import shutil
+
+    m = hf_model(arch="llama")
+    d = tmp_path / "mistral"
+    shutil.copytree(m["dir"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["MistralForCausalLM"], "mistral"
+    (d / "config.json").write_text(json.dumps(cfg))
+    rb = read_gguf(run_convert(d, tmp_path / "m.gguf", "f32"))
+    assert rb.metadata["general.architecture"] == "llama"
+    np.testing.assert_array_equal(rb.values("blk.1.attn_k.weight"),
+                                  expected(m, "model.layers.1.self_attn.k_proj.weight"))
+
+
 def test_padded_vocab_gets_pad_tokens(hf_model, tmp_path):
     m = hf_model(arch="qwen2", tokenizer="bpe", vocab=400)
     rb = read_gguf(run_convert(m["dir"], tmp_path / "m.gguf", "f16"))

@@ -129,6 +129,9 @@ def test_malformed_json(model_copy, tmp_path, capsys):
     out = tmp_path / "m.gguf"
     rc, err = run(model_copy, out, capsys=capsys)
     assert rc == 1 and "config.json: malformed JSON at line 1" in err
+    (model_copy / "config.json").write_bytes(b'{"architectures": ["\xff\xfe"]}')
+    rc, err = run(model_copy, out, capsys=capsys)
+    assert rc == 1 and "config.json: not valid UTF-8 text" in err
     assert_clean(out)
 
 

@@ -32,8 +32,11 @@ def read_json(path: str | os.PathLike, what: str | None = None) -> Any:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BonsaiError(f"{path}: not found{f' ({what})' if what else ''}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BonsaiError(f"{path}: cannot read ({e})") from None
+    except UnicodeDecodeError as e:
+        raise BonsaiError(f"{path}: not valid UTF-8 text (byte {e.start}); fix or re-download "
+                          "the file") from None
+    except OSError as e:
+        raise BonsaiError(f"{path}: cannot read ({e.strerror or e})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -122,8 +122,8 @@ def convert_hf(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
         if it.role == ROLE_LINEAR:
             linear_params[it.out_type] = linear_params.get(it.out_type, 0) + int(np.prod(it.shape))
     file_type = file_type_of(linear_params)
-    name = model_name or config.get("_name_or_path") or src.resolve().name
-    meta = [MetaKV("general.name", Path(str(name)).name or str(name), STR),
+    name = model_name or Path(str(config.get("_name_or_path") or src.resolve().name)).name
+    meta = [MetaKV("general.name", name, STR),
             MetaKV("general.file_type", file_type, U32)]
     if any(t not in ("f32", "f16", "bf16") for t in linear_params):
         meta.append(MetaKV("general.quantization_version", 2, U32))
