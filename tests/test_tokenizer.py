@@ -4,8 +4,9 @@
   scores and types go into GGUF-style metadata (the mapping llama.cpp's converter uses) and our ids
   must equal `sentencepiece`'s on a mixed corpus. The same model read from its tokenizer.model file
   by our protobuf reader must give the same ids.
-- byte-level BPE: one `tokenizers` vocabulary per pre-tokenizer (default = GPT-2, llama-bpe, qwen2),
-  trained here with special and added tokens; our ids must equal `tokenizers`' ids.
+- byte-level BPE: one `tokenizers` vocabulary per pre-tokenizer (default, gpt-2, llama-bpe, qwen2),
+  trained here with special and added tokens; our ids must equal `tokenizers`' ids and, with
+  vocab-only GGUF files written here, llama-cpp-python's.
 - The real Qwen2.5 vocabulary (real_model): `tokenizers` rebuilt from the GGUF's tokens and merges,
   and llama-cpp-python's own tokenizer on the same file.
 - Bad input: every validation error is a BonsaiError that names the key.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 
 import pytest
@@ -61,6 +63,19 @@ def train_text() -> list[str]:
         for i, p in enumerate(TRAIN_PARAGRAPHS):
             lines.append(p if rep % 2 == 0 else p.replace(" ", "  ", 1 + (i + rep) % 3))
     return lines
+
+
+FUZZ_ALPHABET = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") + [
+    " ", " ", " ", "\t", "\n", "\r", "'", "'s", "'LL", "\"", ".", ",", "!", "?", "(", ")", "{", "}", "#",
+    "_", "-", "+", "=", "<", ">", "/", "\\", "中", "文", "测", "试", "你", "好", "😀", "🎉", "👍🏽",
+    "\u200d", "é", "e\u0301", "ñ", "ß", "Ω", "٣", "½", "\u00a0", "\u3000", "\u2028", "\x0b", "𝄞",
+    "<|im_start|>", "<s>", "the", " the", "  ", "def ", "1234"]
+
+
+def fuzz_texts(n: int = 300, seed: int = 1234) -> list[str]:
+    """Random strings over the characters where tokenizers usually disagree."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(FUZZ_ALPHABET) for _ in range(rng.randint(0, 30))) for _ in range(n)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,6 +166,62 @@ def test_spm_model_file(spm):
         v.check_replaces(_core.Vocab(other), embedded.n_vocab)
 
 
+def test_spm_random_text_matches_sentencepiece(spm):
+    sp, _ = spm
+    v = _core.Vocab(spm_metadata(sp))
+    for text in fuzz_texts():
+        assert v.tokenize(text, add_special=False) == sp.encode(text), repr(text)
+        assert v.detokenize(v.tokenize(text)) == text.encode(), repr(text)
+
+
+def write_vocab_gguf(md: dict, path) -> None:
+    """A vocab-only llama GGUF (hyperparameters, no tensors) for llama.cpp's tokenizer."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model(md["tokenizer.ggml.model"])
+    if "tokenizer.ggml.pre" in md:
+        w.add_tokenizer_pre(md["tokenizer.ggml.pre"])
+    w.add_token_list(md["tokenizer.ggml.tokens"])
+    if "tokenizer.ggml.scores" in md:
+        w.add_token_scores(md["tokenizer.ggml.scores"])
+    w.add_token_types(md["tokenizer.ggml.token_type"])
+    if "tokenizer.ggml.merges" in md:
+        w.add_token_merges(md["tokenizer.ggml.merges"])
+    w.add_bos_token_id(md["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(md["tokenizer.ggml.eos_token_id"])
+    if "tokenizer.ggml.unknown_token_id" in md:
+        w.add_unk_token_id(md["tokenizer.ggml.unknown_token_id"])
+    w.add_add_bos_token(md["tokenizer.ggml.add_bos_token"])
+    w.add_add_eos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.slow
+def test_spm_matches_llama_cpp(spm, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    sp, _ = spm
+    path = tmp_path / "spm-vocab.gguf"
+    write_vocab_gguf(spm_metadata(sp), path)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    v = _core.Vocab(spm_metadata(sp))
+    for text in CORPUS + ["hi</s> x<s>", "<unk> <s>"] + fuzz_texts(100, seed=7):
+        for special in (False, True):
+            expect = llm.tokenize(text.encode(), add_bos=True, special=special)
+            assert v.tokenize(text, add_special=True, parse_special=special) == expect, (text, special)
+        ids = v.tokenize(text)
+        assert v.detokenize(ids) == llm.detokenize(ids), repr(text)
+
+
 def test_stream_decoder_holds_back_partial_utf8(spm):
     sp, _ = spm
     v = _core.Vocab(spm_metadata(sp))
@@ -168,10 +239,13 @@ def test_stream_decoder_holds_back_partial_utf8(spm):
 # byte-level BPE
 # --------------------------------------------------------------------------------------------
 
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# tokenizer.ggml.pre -> the regular expressions of its pre-tokenizer, applied in sequence
 PRE_PATTERNS = {
-    "default": r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-    "llama-bpe": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-    "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2_PATTERN, r"\p{N}+", r"[0-9][0-9][0-9]"],
+    "gpt-2": [GPT2_PATTERN],
+    "llama-bpe": [r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""],
+    "qwen2": [r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""],
 }
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -179,10 +253,9 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 def hf_byte_level(pre: str, bpe_model):
     tk = pytest.importorskip("tokenizers")
     tok = tk.Tokenizer(bpe_model)
-    tok.pre_tokenizer = tk.pre_tokenizers.Sequence([
-        tk.pre_tokenizers.Split(tk.Regex(PRE_PATTERNS[pre]), behavior="isolated"),
-        tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = tk.pre_tokenizers.Sequence(
+        [tk.pre_tokenizers.Split(tk.Regex(p), behavior="isolated") for p in PRE_PATTERNS[pre]]
+        + [tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = tk.decoders.ByteLevel()
     return tok
 
@@ -239,6 +312,27 @@ def test_bpe_matches_tokenizers(bpe):
     assert v.token_type(tok.token_to_id("<|im_end|>")) == 3
     assert v.token_to_piece(tok.token_to_id("<|im_end|>")) == b""
     assert v.token_to_piece(tok.token_to_id("<|im_end|>"), render_special=True) == b"<|im_end|>"
+
+
+def test_bpe_random_text_matches_tokenizers(bpe):
+    pre, tok, v = bpe
+    for text in fuzz_texts():
+        assert v.tokenize(text, parse_special=True) == tok.encode(text, add_special_tokens=False).ids, \
+            (pre, text)
+        assert v.detokenize(v.tokenize(text)) == text.encode()
+
+
+@pytest.mark.slow
+def test_bpe_matches_llama_cpp(bpe, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pre, tok, v = bpe
+    path = tmp_path / f"bpe-{pre}.gguf"
+    write_vocab_gguf(bpe_metadata(tok, pre), path)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in CORPUS + ["<|im_start|>user\nhi<|im_end|>", "a<tool>b"] + fuzz_texts(100, seed=9):
+        for special in (False, True):
+            expect = llm.tokenize(text.encode(), add_bos=False, special=special)
+            assert v.tokenize(text, add_special=False, parse_special=special) == expect, (pre, text, special)
 
 
 def test_bpe_bytes_input_and_invalid_utf8(bpe):
@@ -352,7 +446,7 @@ def _with(base: dict, **changes) -> dict:
     (_with(tiny_bpe(), model=None), "tokenizer.ggml.model is missing"),
     (_with(tiny_bpe(), tokens=None), "tokenizer.ggml.tokens is missing"),
     (_with(tiny_bpe(), model="wordpiece"), "not a supported tokenizer"),
-    (_with(tiny_bpe(), pre="falcon"), r"supported: .*llama-bpe.*qwen2"),
+    (_with(tiny_bpe(), pre="falcon"), r"supported: .*default.*gpt-2.*llama-bpe.*qwen2"),
     (_with(tiny_bpe(), merges=None), "tokenizer.ggml.merges is missing"),
     (_with(tiny_bpe(), merges=["a b", "abc"]), r"merges\[1\] = \"abc\" is malformed"),
     (_with(tiny_bpe(), merges=["a z"]), "\"z\", which is not in tokenizer.ggml.tokens"),

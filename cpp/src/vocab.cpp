@@ -19,10 +19,13 @@ namespace {
 
 const char* const kSpmSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
 
-std::string supported_pre_names() { return "\"default\", \"gpt2\", \"llama-bpe\", \"llama3\", \"qwen2\""; }
+std::string supported_pre_names() {
+    return "\"default\", \"gpt-2\", \"llama-bpe\" (also \"llama3\", \"llama-v3\"), \"qwen2\"";
+}
 
 PreTokenizer parse_pre(const std::string& pre) {
-    if (pre.empty() || pre == "default" || pre == "gpt2") return PreTokenizer::DEFAULT;
+    if (pre.empty() || pre == "default") return PreTokenizer::DEFAULT;
+    if (pre == "gpt-2" || pre == "gpt2") return PreTokenizer::GPT2;
     if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") return PreTokenizer::LLAMA3;
     if (pre == "qwen2") return PreTokenizer::QWEN2;
     throw Error("tokenizer.ggml.pre = \"" + pre + "\" is not a supported pre-tokenizer (supported: " +

@@ -2,14 +2,19 @@
 // regular expressions of the original tokenizers (leftmost alternative wins, greedy quantifiers
 // with backtracking), evaluated over Unicode categories from bonsai/unicode.h.
 //
-//   default (GPT-2):
+//   gpt-2:
 //     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //   llama-bpe (Llama 3) and qwen2 (N = {1,3} for Llama 3, a single digit for Qwen2):
 //     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //     \s*[\r\n]+|\s+(?!\S)|\s+
+//   default (llama.cpp's pre-tokenizer for files without a known one): four splits in sequence,
+//     each applied to every piece of the previous one:
+//     [\p{P}\$\+<=>\^~\|]+   then the gpt-2 pattern   then \p{N}+   then [0-9][0-9][0-9]
 //
-// Every character is a letter, a number, whitespace or "other", so one alternative always
-// matches and the pieces cover the text. Malformed UTF-8 bytes count as "other".
+// A split keeps the text between matches as pieces of their own ("isolated" splitting), and a
+// piece's ends act as the text's ends for the next split. In the single-pattern splits every
+// character is a letter, a number, whitespace or "other", so some alternative always matches.
+// Malformed UTF-8 bytes count as "other".
 #include <cstring>
 
 #include "bonsai/unicode.h"
@@ -75,7 +80,31 @@ public:
         return whitespace(i);
     }
 
+    // [\p{P}\$\+<=>\^~\|]+ ; 0 when no match starts at i.
+    size_t match_punct_run(size_t i) const {
+        size_t e = i;
+        while (e < size() && is_default_punct(e)) ++e;
+        return e - i;
+    }
+
+    // \p{N}+ ; 0 when no match starts at i.
+    size_t match_number_run(size_t i) const { return is(i, CLS_NUMBER) ? run(i, CLS_NUMBER) - i : 0; }
+
+    // [0-9][0-9][0-9] ; 0 when no match starts at i.
+    size_t match_three_digits(size_t i) const {
+        for (size_t k = i; k < i + 3; ++k) {
+            if (cp(k) < '0' || cp(k) > '9') return 0;
+        }
+        return 3;
+    }
+
 private:
+    bool is_default_punct(size_t i) const {
+        const uint32_t c = cp(i);
+        return (i < size() && unicode::category(c) == unicode::CAT_PUNCT) || c == '$' || c == '+' ||
+               c == '<' || c == '=' || c == '>' || c == '^' || c == '~' || c == '|';
+    }
+
     uint32_t cp(size_t i) const { return i < size() ? chars_[i].cp : unicode::INVALID_CODEPOINT; }
     bool is(size_t i, CharClass c) const { return i < size() && cls_[i] == c; }
     bool is_crlf(size_t i) const { return cp(i) == '\r' || cp(i) == '\n'; }
@@ -112,26 +141,60 @@ private:
     std::vector<uint8_t> cls_;
 };
 
+enum class Stage { GPT2, LLAMA3, QWEN2, PUNCT_RUN, NUMBER_RUN, THREE_DIGITS };
+
+// Splits every span of `in` by one pattern; matches and the gaps between them become spans.
+std::vector<TextSpan> split_spans(std::string_view text, const std::vector<TextSpan>& in, Stage stage) {
+    std::vector<TextSpan> out;
+    out.reserve(in.size());
+    for (const TextSpan& span : in) {
+        const Matcher m(text.substr(span.offset, span.len));
+        const size_t n = m.size();
+        auto emit = [&](size_t from, size_t to) {  // characters [from, to) of this span
+            const auto& last = m.at(to - 1);
+            out.push_back({span.offset + m.at(from).offset, last.offset + last.len - m.at(from).offset});
+        };
+        size_t i = 0, gap = 0;
+        while (i < n) {
+            size_t k;
+            switch (stage) {
+                case Stage::GPT2: k = m.match_gpt2(i); break;
+                case Stage::LLAMA3: k = m.match_llama3(i, 3); break;
+                case Stage::QWEN2: k = m.match_llama3(i, 1); break;
+                case Stage::PUNCT_RUN: k = m.match_punct_run(i); break;
+                case Stage::NUMBER_RUN: k = m.match_number_run(i); break;
+                default: k = m.match_three_digits(i); break;
+            }
+            if (k == 0) {
+                ++i;
+                continue;
+            }
+            if (gap < i) emit(gap, i);
+            emit(i, i + k);
+            i += k;
+            gap = i;
+        }
+        if (gap < n) emit(gap, n);
+    }
+    return out;
+}
+
 }  // namespace
 
 std::vector<TextSpan> pretokenize(PreTokenizer pre, std::string_view text) {
-    std::vector<TextSpan> out;
-    if (text.empty()) return out;
-    const Matcher m(text);
-    size_t i = 0;
-    while (i < m.size()) {
-        size_t n;
-        switch (pre) {
-            case PreTokenizer::LLAMA3: n = m.match_llama3(i, 3); break;
-            case PreTokenizer::QWEN2: n = m.match_llama3(i, 1); break;
-            default: n = m.match_gpt2(i); break;
-        }
-        const auto& first = m.at(i);
-        const auto& last = m.at(i + n - 1);
-        out.push_back({first.offset, last.offset + last.len - first.offset});
-        i += n;
+    std::vector<TextSpan> spans;
+    if (text.empty()) return spans;
+    spans.push_back({0, static_cast<uint32_t>(text.size())});
+    switch (pre) {
+        case PreTokenizer::LLAMA3: return split_spans(text, spans, Stage::LLAMA3);
+        case PreTokenizer::QWEN2: return split_spans(text, spans, Stage::QWEN2);
+        case PreTokenizer::GPT2: return split_spans(text, spans, Stage::GPT2);
+        default:
+            for (Stage s : {Stage::PUNCT_RUN, Stage::GPT2, Stage::NUMBER_RUN, Stage::THREE_DIGITS}) {
+                spans = split_spans(text, spans, s);
+            }
+            return spans;
     }
-    return out;
 }
 
 }  // namespace bonsai

@@ -72,7 +72,10 @@ static void test_unicode() {
 }
 
 static void test_pretokenize() {
-    CHECK(split(PreTokenizer::DEFAULT, "Hello world's  end 123!!\n\tx  ") ==
+    CHECK(split(PreTokenizer::DEFAULT, "Hello world's  end 12345!!\n\tx $5 a+=b  ") ==
+          (Strings{"Hello", " world", "'", "s", " ", " end", " ", "123", "45", "!!", "\n", "\t", "x", " ",
+                   "$", "5", " a", "+=", "b", "  "}));
+    CHECK(split(PreTokenizer::GPT2, "Hello world's  end 123!!\n\tx  ") ==
           (Strings{"Hello", " world", "'s", " ", " end", " 123", "!!", "\n", "\t", "x", "  "}));
     CHECK(split(PreTokenizer::QWEN2, "I'LL pay 1234 $5.\r\n\n  def") ==
           (Strings{"I", "'LL", " pay", " ", "1", "2", "3", "4", " $", "5", ".\r\n\n", " ", " def"}));

@@ -2,8 +2,8 @@
 //   - SentencePiece BPE (`tokenizer.ggml.model = "llama"`): spaces become U+2581, a U+2581 is
 //     prepended (add_space_prefix), then adjacent pieces are merged by score, best first; pieces
 //     left outside the vocabulary become `<0xNN>` byte tokens (byte fallback) or unk.
-//   - byte-level BPE (`"gpt2"`): the text is split by the pre-tokenizer's pattern (`default` =
-//     GPT-2, `llama-bpe` = Llama 3, `qwen2`), each piece is mapped byte by byte to GPT-2's
+//   - byte-level BPE (`"gpt2"`): the text is split by the pre-tokenizer's patterns (`default`,
+//     `gpt-2`, `llama-bpe` = Llama 3, `qwen2`), each piece is mapped byte by byte to GPT-2's
 //     printable byte alphabet and merged by `tokenizer.ggml.merges` rank.
 // Control / user-defined token texts are matched before either model runs (control ones only
 // with parse_special). A Vocab is immutable after construction and cheap to copy (shared state).
@@ -19,7 +19,7 @@
 namespace bonsai {
 
 enum class VocabType { SPM, BPE };
-enum class PreTokenizer { NONE, DEFAULT, LLAMA3, QWEN2 };  // NONE for SPM
+enum class PreTokenizer { NONE, DEFAULT, GPT2, LLAMA3, QWEN2 };  // NONE for SPM
 
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 enum TokenType : int32_t {
@@ -36,7 +36,7 @@ enum TokenType : int32_t {
 // defaults of the tokenizer model when absent.
 struct VocabData {
     std::string model;                 // tokenizer.ggml.model: "llama" or "gpt2"
-    std::string pre;                   // tokenizer.ggml.pre: "default", "llama-bpe", "qwen2" (BPE)
+    std::string pre;                   // tokenizer.ggml.pre: "default", "gpt-2", "llama-bpe", "qwen2"
     std::vector<std::string> tokens;   // tokenizer.ggml.tokens, by id
     std::vector<float> scores;         // tokenizer.ggml.scores (required for SPM, may be empty for BPE)
     std::vector<int32_t> types;        // tokenizer.ggml.token_type (empty: all normal)
