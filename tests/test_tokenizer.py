@@ -387,6 +387,14 @@ def test_qwen_matches_llama_cpp(qwen):
         for special in (False, True):
             expect = llm.tokenize(text.encode(), add_bos=True, special=special)
             assert v.tokenize(text, add_special=True, parse_special=special) == expect, (text, special)
+    lib_vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    for i in range(v.n_vocab):
+        if v.token_type(i) != 1:
+            assert v.is_eog(i) == bool(llama_cpp.llama_vocab_is_eog(lib_vocab, i)), i
+    assert {151643, 151645} <= set(v.eog_ids)
+    for ids in ([151644, 872, 198, 6023], list(range(0, 151936, 997))):
+        assert v.detokenize(ids, render_special=True) == llm.detokenize(ids, special=True)
+        assert v.detokenize(ids) == llm.detokenize(ids)
     long_text = "\n".join(CORPUS) * 200
     t0 = time.perf_counter()
     ids = v.tokenize(long_text, add_special=False)
@@ -426,8 +434,16 @@ def tiny_spm() -> dict:
 def test_tiny_vocabularies_work():
     b = _core.Vocab(tiny_bpe())
     assert b.tokenize("abc a") == [4, 6] and not b.add_bos
+    assert b.eog_ids == [] and not b.is_eog(0)
     s = _core.Vocab(tiny_spm())
     assert s.tokenize("a a") == [1, 5, 5] and s.detokenize([1, 5, 5]) == b"a a"
+    assert s.eog_ids == [2] and s.is_eog(2)
+    # stray bytes in token texts and input, as a reader that decodes with "surrogateescape" gives them
+    md = _with(tiny_bpe(), tokens=tiny_bpe()["tokenizer.ggml.tokens"] + ["x\udcff"],
+               token_type=[1] * 7 + [4])
+    odd = _core.Vocab(md)
+    assert odd.token_text(7) == b"x\xff"
+    assert odd.tokenize(b"ax\xffb") == odd.tokenize("ax\udcffb") == [0, 7, 1]
     assert s.tokenize("b", add_special=False) == [3, 0]  # "▁" then unk: no byte tokens
 
 

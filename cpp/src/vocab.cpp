@@ -102,6 +102,25 @@ std::vector<Fragment> partition_specials(const VocabState& st, std::string_view 
     return frags;
 }
 
+// Texts of control tokens that end a turn in common chat formats, and the fill-in-the-middle
+// padding / repository / file separators that end a code completion (the ones llama.cpp also
+// treats as end of generation for the llama / qwen2 / qwen3 families).
+const char* const kEogTexts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+                                 "<|end_of_text|>", "<end_of_turn>", "<EOT>", "<|fim_pad|>",
+                                 "<|repo_name|>", "<|fim_repo|>", "<|file_sep|>"};
+
+void collect_eog_ids(VocabState& st) {
+    for (int32_t id : {st.eos, st.eot, st.eom}) {
+        if (id >= 0) st.eog_ids.push_back(id);
+    }
+    for (const char* text : kEogTexts) {
+        const int32_t id = st.find(text);
+        if (id >= 0 && st.types[id] == TOKEN_TYPE_CONTROL) st.eog_ids.push_back(id);
+    }
+    std::sort(st.eog_ids.begin(), st.eog_ids.end());
+    st.eog_ids.erase(std::unique(st.eog_ids.begin(), st.eog_ids.end()), st.eog_ids.end());
+}
+
 }  // namespace
 
 Vocab::Vocab(VocabData d) {
@@ -156,6 +175,10 @@ Vocab::Vocab(VocabData d) {
     check_id(*st, st->eos, "tokenizer.ggml.eos_token_id");
     check_id(*st, st->unk, "tokenizer.ggml.unknown_token_id");
     check_id(*st, st->pad, "tokenizer.ggml.padding_token_id");
+    st->eot = d.eot_id;
+    st->eom = d.eom_id;
+    check_id(*st, st->eot, "tokenizer.ggml.eot_token_id");
+    check_id(*st, st->eom, "tokenizer.ggml.eom_token_id");
     const bool spm = st->type == VocabType::SPM;
     st->add_bos = d.add_bos.value_or(spm || st->pre == PreTokenizer::LLAMA3);
     st->add_eos = d.add_eos.value_or(false);
@@ -186,6 +209,7 @@ Vocab::Vocab(VocabData d) {
         return st->tokens[a].size() > st->tokens[b].size();
     });
     if (!spm) build_bpe_tables(*st, d.merges);
+    collect_eog_ids(*st);
     state_ = std::move(st);
 }
 
@@ -281,6 +305,11 @@ bool Vocab::is_control(int32_t id) const {
     const TokenType t = token_type(id);
     return t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_UNKNOWN;
 }
+
+bool Vocab::is_eog(int32_t id) const {
+    return std::binary_search(state_->eog_ids.begin(), state_->eog_ids.end(), id);
+}
+const std::vector<int32_t>& Vocab::eog_ids() const { return state_->eog_ids; }
 
 void Vocab::check_compatible(int64_t n_vocab_model) const {
     if (n_vocab_model != n_vocab()) {

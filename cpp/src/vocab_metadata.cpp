@@ -49,6 +49,8 @@ VocabData Vocab::read_metadata(const MetadataView& md) {
     d.eos_id = read_id(md, "tokenizer.ggml.eos_token_id");
     d.unk_id = read_id(md, "tokenizer.ggml.unknown_token_id");
     d.pad_id = read_id(md, "tokenizer.ggml.padding_token_id");
+    d.eot_id = read_id(md, "tokenizer.ggml.eot_token_id");
+    d.eom_id = read_id(md, "tokenizer.ggml.eom_token_id");
     d.add_bos = read_flag(md, "tokenizer.ggml.add_bos_token");
     d.add_eos = read_flag(md, "tokenizer.ggml.add_eos_token");
     d.add_space_prefix = read_flag(md, "tokenizer.ggml.add_space_prefix");

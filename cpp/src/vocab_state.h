@@ -32,7 +32,8 @@ struct VocabState {
     std::vector<std::string> pieces;  // token_to_piece bytes of each token (specials: "")
     std::unordered_map<std::string_view, int32_t> token_to_id;  // first id of each text
 
-    int32_t bos = -1, eos = -1, unk = -1, pad = -1;
+    int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1, eom = -1;
+    std::vector<int32_t> eog_ids;  // end-of-generation ids, sorted
     bool add_bos = false, add_eos = false, add_space_prefix = false;
     bool ignore_merges = false;  // llama-bpe: a pre-token that is itself a token is not merged
 

@@ -16,9 +16,17 @@ namespace {
 
 std::string type_name(const py::handle& h) { return py::str(py::type::of(h).attr("__name__")); }
 
+// UTF-8 bytes of a str; lone surrogates (stray bytes that a GGUF reader decoded with
+// "surrogateescape") become the original bytes again.
+std::string utf8_of(const py::handle& h) {
+    PyObject* b = PyUnicode_AsEncodedString(h.ptr(), "utf-8", "surrogateescape");
+    if (!b) throw py::error_already_set();
+    return py::reinterpret_steal<py::bytes>(b).cast<std::string>();
+}
+
 std::string to_string(const py::handle& h, const std::string& key) {
     if (py::isinstance<py::bytes>(h)) return h.cast<std::string>();
-    if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+    if (py::isinstance<py::str>(h)) return utf8_of(h);
     throw bonsai::Error(key + " must hold strings, got " + type_name(h) + ".");
 }
 
@@ -84,7 +92,7 @@ private:
 
 std::string text_bytes(const py::object& text) {
     if (py::isinstance<py::bytes>(text)) return text.cast<std::string>();
-    if (py::isinstance<py::str>(text)) return text.cast<std::string>();
+    if (py::isinstance<py::str>(text)) return utf8_of(text);
     throw bonsai::Error("text must be str or bytes, got " + type_name(text) + ".");
 }
 
@@ -131,6 +139,8 @@ void bind_vocab(py::module_& m) {
         .def("token_score", &bonsai::Vocab::token_score, py::arg("id"))
         .def("find_token", [](const bonsai::Vocab& v, py::object text) { return v.find_token(text_bytes(text)); },
              py::arg("text"))
+        .def("is_eog", &bonsai::Vocab::is_eog, py::arg("id"), "Whether the token ends generation.")
+        .def_property_readonly("eog_ids", &bonsai::Vocab::eog_ids)
         .def("check_compatible", &bonsai::Vocab::check_compatible, py::arg("n_vocab_model"))
         .def("check_replaces", &bonsai::Vocab::check_replaces, py::arg("embedded"), py::arg("n_vocab_model"))
         .def_property_readonly("n_vocab", &bonsai::Vocab::n_vocab)

@@ -45,6 +45,8 @@ struct VocabData {
     int32_t eos_id = -1;               // tokenizer.ggml.eos_token_id
     int32_t unk_id = -1;               // tokenizer.ggml.unknown_token_id
     int32_t pad_id = -1;               // tokenizer.ggml.padding_token_id
+    int32_t eot_id = -1;               // tokenizer.ggml.eot_token_id (end of turn)
+    int32_t eom_id = -1;               // tokenizer.ggml.eom_token_id (end of message)
     std::optional<bool> add_bos;           // tokenizer.ggml.add_bos_token (SPM, llama-bpe: true)
     std::optional<bool> add_eos;           // tokenizer.ggml.add_eos_token (default false)
     std::optional<bool> add_space_prefix;  // tokenizer.ggml.add_space_prefix (SPM default true)
@@ -105,6 +107,11 @@ public:
     float token_score(int32_t id) const;
     int32_t find_token(std::string_view text) const;  // id of a token text, -1 if none
     bool is_control(int32_t id) const;                // control or unknown: not rendered as text
+    // End of generation: EOS, EOT, EOM, and control tokens whose text ends a turn in the common
+    // chat formats ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", ...) or end a
+    // fill-in-the-middle completion ("<|fim_pad|>", "<|repo_name|>", "<|file_sep|>").
+    bool is_eog(int32_t id) const;
+    const std::vector<int32_t>& eog_ids() const;  // sorted
 
     // Throws unless the vocabulary has exactly n_vocab_model entries (the model's embedding rows).
     void check_compatible(int64_t n_vocab_model) const;
