@@ -213,7 +213,7 @@ def test_spm_matches_llama_cpp(spm, tmp_path):
     path = tmp_path / "spm-vocab.gguf"
     write_vocab_gguf(spm_metadata(sp), path)
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    v = _core.Vocab(spm_metadata(sp))
+    v = _core.Vocab.from_gguf(str(path))
     for text in CORPUS + ["hi</s> x<s>", "<unk> <s>"] + fuzz_texts(100, seed=7):
         for special in (False, True):
             expect = llm.tokenize(text.encode(), add_bos=True, special=special)
@@ -329,6 +329,7 @@ def test_bpe_matches_llama_cpp(bpe, tmp_path):
     path = tmp_path / f"bpe-{pre}.gguf"
     write_vocab_gguf(bpe_metadata(tok, pre), path)
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    v = _core.Vocab.from_gguf(str(path))
     for text in CORPUS + ["<|im_start|>user\nhi<|im_end|>", "a<tool>b"] + fuzz_texts(100, seed=9):
         for special in (False, True):
             expect = llm.tokenize(text.encode(), add_bos=False, special=special)
@@ -380,7 +381,10 @@ def test_qwen_matches_tokenizers(qwen):
 def test_qwen_matches_llama_cpp(qwen):
     llama_cpp = pytest.importorskip("llama_cpp")
     path, md = qwen
-    v = _core.Vocab(md)
+    v = _core.Vocab.from_gguf(path)
+    from_dict = _core.Vocab(md)
+    assert (v.n_vocab, v.bos, v.eos, v.pad, v.eog_ids) == \
+        (from_dict.n_vocab, from_dict.bos, from_dict.eos, from_dict.pad, from_dict.eog_ids)
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     chat = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     for text in CORPUS + [chat, "<tool_call>x</tool_call> <|fim_prefix|>"]:
@@ -506,3 +510,33 @@ def test_bad_ids_and_files(tmp_path):
         _core.Vocab.from_spm_model_file(str(empty))
     with pytest.raises(BonsaiError, match="str or bytes"):
         v.tokenize(123)
+
+
+def test_bad_gguf_tokenizer_keys(tmp_path):
+    gguf = pytest.importorskip("gguf")
+
+    def write(path, tokens_as_ints: bool) -> str:
+        w = gguf.GGUFWriter(str(path), "llama")
+        if tokens_as_ints:
+            w.add_tokenizer_model("llama")
+            w.add_array("tokenizer.ggml.tokens", [1, 2, 3])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return str(path)
+
+    with pytest.raises(BonsaiError, match="tokenizer.ggml.model is missing"):
+        _core.Vocab.from_gguf(write(tmp_path / "none.gguf", False))
+    with pytest.raises(BonsaiError, match="tokenizer.ggml.tokens.*expected ARRAY.STRING"):
+        _core.Vocab.from_gguf(tmp_path / write(tmp_path / "ints.gguf", True))
+
+
+def test_vocab_from_gguf_file_metadata(spm, tmp_path):
+    sp, _ = spm
+    path = tmp_path / "spm.gguf"
+    write_vocab_gguf(spm_metadata(sp), path)
+    with _core.GgufFile(str(path)) as f:
+        v = _core.Vocab(f.metadata)
+    assert v.tokenize(CORPUS[0], add_special=False) == sp.encode(CORPUS[0])
+    assert _core.Vocab.from_gguf(str(path)).tokenize(CORPUS[1]) == v.tokenize(CORPUS[1])

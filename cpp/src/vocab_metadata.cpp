@@ -1,8 +1,9 @@
 // Reading a Vocab from metadata keys (llama.cpp's names, tokenizer.ggml.*), through the
-// MetadataView interface that a GGUF file or a Python dict implements.
+// MetadataView interface that a GGUF file (here) or a Python dict (the binding) implements.
 #include <limits>
 
 #include "bonsai/error.h"
+#include "bonsai/gguf.h"
 #include "bonsai/vocab.h"
 
 namespace bonsai {
@@ -22,6 +23,24 @@ std::optional<bool> read_flag(const MetadataView& md, const std::string& key) {
     if (!md.has(key)) return std::nullopt;
     return md.get_bool(key);
 }
+
+// GgufFile's typed getters already throw naming the key and the type it holds.
+class GgufMetadata : public MetadataView {
+public:
+    explicit GgufMetadata(const GgufFile& f) : f_(f) {}
+    bool has(const std::string& key) const override { return f_.has(key); }
+    std::string get_string(const std::string& key) const override { return f_.get_string(key); }
+    int64_t get_int(const std::string& key) const override { return f_.get_i64(key); }
+    bool get_bool(const std::string& key) const override { return f_.get_bool(key); }
+    std::vector<std::string> get_strings(const std::string& key) const override {
+        return f_.get_array_strings(key);
+    }
+    std::vector<float> get_floats(const std::string& key) const override { return f_.get_array_f32(key); }
+    std::vector<int64_t> get_ints(const std::string& key) const override { return f_.get_array_i64(key); }
+
+private:
+    const GgufFile& f_;
+};
 
 }  // namespace
 
@@ -58,5 +77,7 @@ VocabData Vocab::read_metadata(const MetadataView& md) {
 }
 
 Vocab Vocab::from_metadata(const MetadataView& md) { return Vocab(read_metadata(md)); }
+
+Vocab Vocab::from_gguf(const GgufFile& file) { return from_metadata(GgufMetadata(file)); }
 
 }  // namespace bonsai

@@ -1,11 +1,12 @@
 // Tokenizer binding: _core.Vocab built from a dict of GGUF tokenizer.* values (as gguf.GGUFReader
-// field contents or _core.GgufFile.metadata give them) or from a tokenizer.model file, and
+// field contents or _core.GgufFile.metadata give them), a GGUF file or a tokenizer.model file, and
 // _core.TokenStreamDecoder. tokenize/detokenize release the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bind.h"
 #include "bonsai/error.h"
+#include "bonsai/gguf.h"
 #include "bonsai/vocab.h"
 
 namespace py = pybind11;
@@ -90,6 +91,10 @@ private:
     py::dict d_;
 };
 
+std::string fspath(const py::object& path) {
+    return py::module_::import("os").attr("fspath")(path).cast<std::string>();
+}
+
 std::string text_bytes(const py::object& text) {
     if (py::isinstance<py::bytes>(text)) return text.cast<std::string>();
     if (py::isinstance<py::str>(text)) return utf8_of(text);
@@ -104,8 +109,20 @@ void bind_vocab(py::module_& m) {
                               "tokenizer.* metadata.")
         .def(py::init([](py::dict metadata) { return bonsai::Vocab::from_metadata(DictMetadata(metadata)); }),
              py::arg("metadata"), "Builds the tokenizer from a dict of tokenizer.* keys and their values.")
-        .def_static("from_spm_model_file", &bonsai::Vocab::from_spm_model_file, py::arg("path"),
-                    "Reads a SentencePiece tokenizer.model file.")
+        .def_static("from_gguf",
+                    [](const py::object& path) {
+                        const std::string p = fspath(path);
+                        py::gil_scoped_release nogil;
+                        return bonsai::Vocab::from_gguf(*bonsai::GgufFile::open(p));
+                    },
+                    py::arg("path"), "Reads the tokenizer of a GGUF file.")
+        .def_static("from_spm_model_file",
+                    [](const py::object& path) {
+                        const std::string p = fspath(path);
+                        py::gil_scoped_release nogil;
+                        return bonsai::Vocab::from_spm_model_file(p);
+                    },
+                    py::arg("path"), "Reads a SentencePiece tokenizer.model file.")
         .def("tokenize",
              [](const bonsai::Vocab& v, py::object text, bool add_special, bool parse_special) {
                  const std::string s = text_bytes(text);

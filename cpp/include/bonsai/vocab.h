@@ -18,6 +18,8 @@
 
 namespace bonsai {
 
+class GgufFile;
+
 enum class VocabType { SPM, BPE };
 enum class PreTokenizer { NONE, DEFAULT, GPT2, LLAMA3, QWEN2 };  // NONE for SPM
 
@@ -74,6 +76,8 @@ public:
     explicit Vocab(VocabData data);
     // Reads the tokenizer.* keys (see VocabData) and builds the Vocab.
     static Vocab from_metadata(const MetadataView& md);
+    // Reads the tokenizer.* keys of an opened GGUF file.
+    static Vocab from_gguf(const GgufFile& file);
     // Reads a SentencePiece `tokenizer.model` protobuf (ModelProto) directly.
     static Vocab from_spm_model_file(const std::string& path);
     static VocabData read_metadata(const MetadataView& md);
