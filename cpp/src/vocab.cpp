@@ -8,6 +8,7 @@
 #include "bonsai/vocab.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "bonsai/error.h"
 #include "bonsai/unicode.h"
@@ -74,12 +75,16 @@ struct Fragment {
 
 std::vector<Fragment> partition_specials(const VocabState& st, std::string_view text, bool parse_special) {
     std::vector<Fragment> frags;
-    if (!text.empty()) frags.push_back({-1, 0, text.size()});
+    if (text.empty()) return frags;
+    frags.push_back({-1, 0, text.size()});
+    bool present[256] = {};  // bytes of the text: a token whose first byte is absent cannot occur
+    for (unsigned char c : text) present[c] = true;
     std::vector<Fragment> next;
     for (int32_t id : st.special_ids) {
         const TokenType t = st.types[id];
         if (!parse_special && t != TOKEN_TYPE_USER_DEFINED) continue;
         const std::string& s = st.tokens[id];
+        if (!present[static_cast<unsigned char>(s[0])] || s.size() > text.size()) continue;
         next.clear();
         for (const Fragment& f : frags) {
             if (f.token >= 0) {

@@ -59,8 +59,13 @@ VocabData Vocab::read_metadata(const MetadataView& md) {
     if (md.has("tokenizer.ggml.pre")) d.pre = md.get_string("tokenizer.ggml.pre");
     if (md.has("tokenizer.ggml.scores")) d.scores = md.get_floats("tokenizer.ggml.scores");
     if (md.has("tokenizer.ggml.token_type")) {
-        for (int64_t t : md.get_ints("tokenizer.ggml.token_type")) {
-            d.types.push_back(t < -1 || t > 127 ? -1 : static_cast<int32_t>(t));  // -1: rejected by Vocab
+        const std::vector<int64_t> types = md.get_ints("tokenizer.ggml.token_type");
+        for (size_t i = 0; i < types.size(); ++i) {
+            if (types[i] < TOKEN_TYPE_UNDEFINED || types[i] > TOKEN_TYPE_BYTE) {
+                throw Error("tokenizer.ggml.token_type[" + std::to_string(i) + "] = " + std::to_string(types[i]) +
+                            " is not a token type (0..6).");
+            }
+            d.types.push_back(static_cast<int32_t>(types[i]));
         }
     }
     if (md.has("tokenizer.ggml.merges")) d.merges = md.get_strings("tokenizer.ggml.merges");

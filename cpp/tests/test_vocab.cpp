@@ -133,6 +133,14 @@ static void test_spm() {
     CHECK(v.tokenize("<s>hello", false, true) == (Ids{1, hello}));
     CHECK(v.tokenize("<s>hello", false, false).size() > 2);
     CHECK(v.detokenize(v.tokenize("<s>hello", false, true), true) == "<s>hello");
+    // Without add_space_prefix no U+2581 is prepended; add_eos appends EOS.
+    VocabData d = spm_data();
+    d.add_space_prefix = false;
+    d.add_eos = true;
+    const Vocab np(d);
+    CHECK(np.tokenize(" hello") == (Ids{1, hello, 2}));
+    CHECK(np.tokenize("hello", false) != (Ids{hello}));
+    CHECK(np.detokenize(np.tokenize(" hello")) == " hello");
 }
 
 // BPE vocabulary: the 256 byte-alphabet characters in byte order, then merge results.

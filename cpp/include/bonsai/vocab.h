@@ -123,8 +123,6 @@ public:
     // n_vocab_model embedding rows: same size and the same BOS/EOS/UNK ids.
     void check_replaces(const Vocab& embedded, int64_t n_vocab_model) const;
 
-    const VocabState& state() const { return *state_; }
-
 private:
     std::shared_ptr<const VocabState> state_;
 };
