@@ -90,8 +90,9 @@ public:
     // The bytes of one token: SPM U+2581 -> ' ', <0xNN> -> that byte; BPE byte alphabet -> bytes;
     // control/unknown tokens -> "" unless render_special (then their text).
     std::string token_to_piece(int32_t id, bool render_special = false) const;
-    // Concatenated pieces; for SPM with add_space_prefix, the space added in front of the first
-    // text piece is removed, so detokenize(tokenize(x)) == x.
+    // Concatenated pieces. For SPM with add_space_prefix, one leading space is removed from text
+    // that starts the sequence or follows a special token (where tokenize adds one), so
+    // detokenize(tokenize(x)) == x. (llama.cpp removes it only at the start.)
     std::string detokenize(const std::vector<int32_t>& ids, bool render_special = false) const;
 
     int32_t n_vocab() const;
