@@ -259,7 +259,7 @@ def test_pre_tokenizer_detection():
     assert detect_pre_tokenizer(seq(llama3)) == "llama-bpe"
     assert detect_pre_tokenizer(seq(qwen2)) == "qwen2"
     assert detect_pre_tokenizer({"type": "ByteLevel", "add_prefix_space": False,
-                                 "use_regex": True}) == "default"
+                                 "use_regex": True}) == "gpt-2"
     with pytest.raises(BonsaiError, match="not byte-level"):
         detect_pre_tokenizer({"type": "Metaspace", "replacement": "\u2581"})
 
@@ -440,3 +440,25 @@ def test_gguf_to_f32_and_back_is_exact(hf_model, tmp_path):
         np.testing.assert_array_equal(a.raw[name], b.raw[name], err_msg=name)
     assert a.metadata["general.file_type"] == b.metadata["general.file_type"] == 7
     assert read_gguf(f32).metadata["general.file_type"] == 0
+
+
+def test_engine_vocab_reads_converted_tokenizers(hf_model, tmp_path):
+    """The engine's tokenizer, built from the converted metadata, agrees with the source ones."""
+    _core = pytest.importorskip("bonsai_runner._core")
+    import sentencepiece as spm
+    from tokenizers import Tokenizer
+
+    texts = ["Hello world, 你好 🚀 and code x = 333", "I've been told he's there.",
+             "def add(a, b): return a + b"]
+    spm_m = hf_model(arch="llama", tokenizer="spm")
+    bpe_m = hf_model(arch="qwen3", tokenizer="bpe", vocab=400)
+    sp = spm.SentencePieceProcessor(model_file=str(spm_m["dir"] / "tokenizer.model"))
+    tk = Tokenizer.from_file(str(bpe_m["dir"] / "tokenizer.json"))
+    for m, encode in ((spm_m, sp.encode), (bpe_m, lambda t: tk.encode(t).ids)):
+        v = _core.Vocab.from_gguf(str(run_convert(m["dir"], tmp_path / f"{m['arch']}.gguf",
+                                                  "f16")))
+        assert v.n_vocab == m["n_vocab"]
+        assert v.eos == m["config"]["eos_token_id"]
+        for text in texts:
+            assert v.tokenize(text, add_special=False) == encode(text), (m["arch"], text)
+    assert v.pre == "qwen2" and v.find_token("<|im_end|>") == v.eos

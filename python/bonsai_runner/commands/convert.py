@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing --outfile")
     p.add_argument("--pre-tokenizer", metavar="NAME",
                    help="tokenizer.ggml.pre to write when the BPE split regex is not recognized "
-                        "(qwen2, llama-bpe, default)")
+                        "(qwen2, llama-bpe, gpt-2, default)")
     p.add_argument("--model-name", metavar="NAME", help="general.name of the output")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
