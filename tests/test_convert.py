@@ -201,6 +201,25 @@ def test_spm_tokenizer_metadata(hf_model, tmp_path):
     assert md["tokenizer.chat_template"] == m["tokens"]["chat_template"]
 
 
+def test_spm_added_tokens(hf_model, tmp_path):
+    import shutil
+
+    base = hf_model(arch="llama", tokenizer="spm")
+    m = hf_model(arch="llama", tokenizer="spm", vocab=base["n_tokens"] + 1)
+    d = tmp_path / "m"
+    shutil.copytree(m["dir"], d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    n = base["n_tokens"]
+    cfg["added_tokens_decoder"] = {"1": {"content": "<s>", "special": True},
+                                   str(n): {"content": "\u2581tool", "special": False}}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    md = read_gguf(run_convert(d, tmp_path / "m.gguf", "f16")).metadata
+    assert md["tokenizer.ggml.tokens"][n] == " tool"
+    assert md["tokenizer.ggml.token_type"][n] == 4 and md["tokenizer.ggml.scores"][n] == -1000.0
+    assert md["tokenizer.ggml.token_type"][1] == 3
+    assert len(md["tokenizer.ggml.tokens"]) == n + 1
+
+
 def test_bpe_tokenizer_metadata(hf_model, tmp_path):
     from tokenizers import Tokenizer
 

@@ -144,26 +144,15 @@ def _read_sentencepiece(d: Path, tok_cfg: dict) -> tuple[TokenizerMeta, dict[str
         else:
             types.append(TOKEN_NORMAL)
     meta = TokenizerMeta("llama", "default", tokens, types, scores=scores)
-    added = _optional_object(d / "added_tokens.json")
-    for text, tid in added.items():
-        if isinstance(tid, int) and tid >= n:
-            _extend(meta, tid + 1)
-        if isinstance(tid, int):
-            meta.tokens[tid], meta.scores[tid] = text, ADDED_SCORE
-            meta.token_types[tid] = TOKEN_USER_DEFINED
+    for text, tid in _optional_object(d / "added_tokens.json").items():
+        _set_added(meta, tid, text, TOKEN_USER_DEFINED, d / "added_tokens.json")
     for sid, info in (tok_cfg.get("added_tokens_decoder") or {}).items():
         if not (isinstance(info, dict) and isinstance(info.get("content"), str)):
             continue
-        tid = int(sid)
-        if tid >= len(meta.tokens):
-            _extend(meta, tid + 1)
-        content = info["content"]
-        if info.get("special"):
-            meta.token_types[tid] = TOKEN_CONTROL
-        else:
-            content = content.replace("\u2581", " ")
-            meta.token_types[tid] = TOKEN_USER_DEFINED
-        meta.tokens[tid], meta.scores[tid] = content, ADDED_SCORE
+        special = bool(info.get("special"))
+        text = info["content"] if special else info["content"].replace("\u2581", " ")
+        _set_added(meta, int(sid) if str(sid).isdigit() else -1, text,
+                   TOKEN_CONTROL if special else TOKEN_USER_DEFINED, d / "tokenizer_config.json")
     if isinstance(tok_cfg.get("add_prefix_space"), bool):
         meta.add_space_prefix = tok_cfg["add_prefix_space"]
     meta.add_bos, meta.add_eos = True, False
@@ -178,6 +167,14 @@ def _read_sentencepiece(d: Path, tok_cfg: dict) -> tuple[TokenizerMeta, dict[str
 def _is_user_defined(sp, i: int) -> bool:
     f = getattr(sp, "IsUserDefined", None) or getattr(sp, "is_user_defined", None)
     return bool(f(i)) if f is not None else False
+
+
+def _set_added(meta: TokenizerMeta, tid, text: str, ttype: int, where: Path) -> None:
+    """An added token overrides (or extends) the SentencePiece vocabulary at its id."""
+    if not isinstance(tid, int) or tid < 0:
+        raise BonsaiError(f"{where}: added token {text!r} has an invalid id {tid!r}")
+    _extend(meta, tid + 1)
+    meta.tokens[tid], meta.scores[tid], meta.token_types[tid] = text, ADDED_SCORE, ttype
 
 
 def _extend(meta: TokenizerMeta, n: int) -> None:
