@@ -1,5 +1,8 @@
 """CPU matmul / get_rows kernels against a numpy float64 reference, on every available path.
 
+Weights are random bytes (every base-3 / 2-bit code pattern, not only canonical ones) with sane
+fp16 scales, dequantized by the numpy reference bonsai_runner.quants.dequantize.
+
 INT8 mode: the reference quantizes x per token exactly like the engine (absmax, round half away
 from zero) and sums d_b * isum_b in float64, so agreement is ~1e-6 relative; every SIMD path must
 be bit-identical to the scalar path. FLOAT mode: reference W_dequant @ x in float64.
@@ -12,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
-from bonsai_runner import _core
+from bonsai_runner import _core, quants
 from bonsai_runner.errors import BonsaiError
 
 # name: (engine type id, block elements, block bytes, scale byte offset)
@@ -33,54 +36,8 @@ QUANT = [n for n, t in TYPES.items() if t[3] is not None]
 PATHS = _core.cpu_paths()
 
 
-def _trits(b: np.ndarray, n: int) -> np.ndarray:
-    m = (b.astype(np.uint32) * 3**n) & 0xFF
-    return ((m * 3) >> 8).astype(np.int64)
-
-
-def _int_weights(name: str, blocks: np.ndarray) -> np.ndarray:
-    """Integer weights (..., block elements) in element order, per bonsai/quant_blocks.h."""
-    if name == "Q8_0":
-        return blocks[..., 2:34].view(np.int8).astype(np.int64)
-    if name == "Q4_0":
-        qs = blocks[..., 2:18].astype(np.int64)
-        return np.concatenate([qs & 15, qs >> 4], axis=-1) - 8
-    if name in ("Q2_0", "Q2_0_G128", "PQ2_0"):
-        qs = blocks[..., 2:].astype(np.int64)
-        return np.stack([(qs >> (2 * l)) & 3 for l in range(4)], axis=-1).reshape(*qs.shape[:-1], -1) - 1
-    if name == "TQ2_0":
-        parts = []
-        for h in range(2):
-            qs = blocks[..., 32 * h:32 * h + 32].astype(np.int64)
-            parts.append(np.stack([(qs >> (2 * l)) & 3 for l in range(4)], axis=-2).reshape(*qs.shape[:-1], -1))
-        return np.concatenate(parts, axis=-1) - 1
-    if name == "TQ1_0":
-        segs = [(0, 32, 5), (32, 48, 5), (48, 52, 4)]
-    else:  # PTQ1_0
-        segs = [(0, 16, 5), (16, 24, 5), (24, 26, 4)]
-    parts = []
-    for a, b, nt in segs:
-        qs = blocks[..., a:b]
-        parts.append(np.stack([_trits(qs, n) for n in range(nt)], axis=-2).reshape(*qs.shape[:-1], -1))
-    return np.concatenate(parts, axis=-1) - 1
-
-
-def _scales(name: str, blocks: np.ndarray) -> np.ndarray:
-    off = TYPES[name][3]
-    return blocks[..., off:off + 2].copy().view(np.float16)[..., 0].astype(np.float64)
-
-
 def dequantize(name: str, w: np.ndarray, cols: int) -> np.ndarray:
-    rows = w.shape[0]
-    if name == "F32":
-        return w.view(np.float32).astype(np.float64)
-    if name == "F16":
-        return w.view(np.float16).astype(np.float64)
-    if name == "BF16":
-        return (w.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    _, be, bb, _ = TYPES[name]
-    blocks = w.reshape(rows, cols // be, bb)
-    return (_int_weights(name, blocks) * _scales(name, blocks)[..., None]).reshape(rows, cols)
+    return quants.dequantize(w, name, (w.shape[0], cols)).astype(np.float64)
 
 
 def random_weight(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

@@ -12,6 +12,7 @@
 #include "../backends/cpu/cpu_features.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
+#include "bonsai/quants.h"
 #include "bonsai/types.h"
 
 using namespace bonsai;
@@ -108,8 +109,14 @@ static void test_int8_paths() {
                         CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
                     }
             cpu::set_avx512_vbmi_enabled(true);
+            // The kernels' block unpacker agrees with the reference dequantizer.
+            std::vector<float> wd(static_cast<size_t>(c.cols)), wref(wd.size());
+            for (int64_t r = 0; r < rows; ++r) {
+                cpu::dequantize_row_cpu(c.type, w.data() + r * wv.row_bytes, c.cols, wd.data());
+                dequantize_row(c.type, w.data() + r * wv.row_bytes, wref.data(), c.cols);
+                CHECK(std::memcmp(wd.data(), wref.data(), wd.size() * sizeof(float)) == 0);
+            }
             // Float-mode result against a double reference of the dequantized weights.
-            std::vector<float> wd(static_cast<size_t>(c.cols));
             matmul_on_path(wv, x.data(), nt, y.data(), ActMode::FLOAT, pool2, active_cpu_path());
             for (int64_t r = 0; r < rows; ++r) {
                 cpu::dequantize_row_cpu(c.type, w.data() + r * wv.row_bytes, c.cols, wd.data());

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "bonsai/quant_blocks.h"
-#include "fp16.h"
+#include "bonsai/quants.h"
 
 namespace bonsai::cpu {
 
@@ -43,7 +43,7 @@ const BlockInfo* block_info(GgmlType type) {
 
 float unpack_block(GgmlType type, const uint8_t* p, int8_t* v) {
     const BlockInfo* bi = block_info(type);
-    const float d = half_to_float(load_u16(p + bi->d_offset));
+    const float d = fp16_to_fp32(load_u16(p + bi->d_offset));
     switch (type) {
         case TYPE_Q8_0:
             std::memcpy(v, p + 2, QK8_0);
@@ -87,10 +87,10 @@ void dequantize_row_cpu(GgmlType type, const uint8_t* row, int64_t cols, float* 
             std::memcpy(out, row, static_cast<size_t>(cols) * sizeof(float));
             return;
         case TYPE_F16:
-            for (int64_t k = 0; k < cols; ++k) out[k] = half_to_float(load_u16(row + 2 * k));
+            for (int64_t k = 0; k < cols; ++k) out[k] = fp16_to_fp32(load_u16(row + 2 * k));
             return;
         case TYPE_BF16:
-            for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_float(load_u16(row + 2 * k));
+            for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_fp32(load_u16(row + 2 * k));
             return;
         default:
             break;

@@ -4,10 +4,18 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "bonsai/types.h"
 
 namespace bonsai::cpu {
+
+// Little-endian 16-bit field (an fp16 scale) at any alignment.
+inline uint16_t load_u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
 
 struct BlockInfo {
     int elems;     // elements per block

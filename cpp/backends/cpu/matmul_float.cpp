@@ -11,7 +11,7 @@
 #include <immintrin.h>
 
 #include "block_unpack.h"
-#include "fp16.h"
+#include "bonsai/quants.h"
 #include "matmul_kernels.h"
 
 #define BONSAI_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -59,7 +59,7 @@ BONSAI_AVX2 float dot_f16_avx2(const uint8_t* h, const float* b, int64_t n) {
         s1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(b + k + 8), s1);
     }
     float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; k < n; ++k) s += half_to_float(load_u16(h + 2 * k)) * b[k];
+    for (; k < n; ++k) s += fp16_to_fp32(load_u16(h + 2 * k)) * b[k];
     return s;
 }
 
@@ -67,7 +67,7 @@ BONSAI_AVX2 void f16_to_f32_avx2(const uint8_t* h, float* out, int64_t n) {
     int64_t k = 0;
     for (; k + 8 <= n; k += 8)
         _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 2 * k))));
-    for (; k < n; ++k) out[k] = half_to_float(load_u16(h + 2 * k));
+    for (; k < n; ++k) out[k] = fp16_to_fp32(load_u16(h + 2 * k));
 }
 
 BONSAI_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) {
@@ -109,7 +109,7 @@ BONSAI_AVX512 void f16_to_f32_avx512(const uint8_t* h, float* out, int64_t n) {
     int64_t k = 0;
     for (; k + 16 <= n; k += 16)
         _mm512_storeu_ps(out + k, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 2 * k))));
-    for (; k < n; ++k) out[k] = half_to_float(load_u16(h + 2 * k));
+    for (; k < n; ++k) out[k] = fp16_to_fp32(load_u16(h + 2 * k));
 }
 
 using DotFn = float (*)(const float*, const float*, int64_t);
@@ -117,7 +117,7 @@ using DotF16Fn = float (*)(const uint8_t*, const float*, int64_t);
 using ConvF16Fn = void (*)(const uint8_t*, float*, int64_t);
 
 void f16_to_f32_scalar(const uint8_t* h, float* out, int64_t n) {
-    for (int64_t k = 0; k < n; ++k) out[k] = half_to_float(load_u16(h + 2 * k));
+    for (int64_t k = 0; k < n; ++k) out[k] = fp16_to_fp32(load_u16(h + 2 * k));
 }
 
 void run_float(const WeightView& w, const float* x, int64_t n_tokens, int64_t r0, int64_t r1, float* y,

@@ -13,7 +13,8 @@
 
 #include <algorithm>
 
-#include "fp16.h"
+#include "block_unpack.h"
+#include "bonsai/quants.h"
 #include "matmul_kernels.h"
 
 #define BONSAI_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -243,7 +244,7 @@ BONSAI_AVX2 __m256 tile_tokens(const uint8_t* row, const int8_t* const* act, con
             const __m256i as = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum_t + b * t_pad));
             if constexpr (K::kOff == 1) isum = _mm256_sub_epi32(isum, as);
             if constexpr (K::kOff == 8) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(as, 3));
-            const __m256 d = _mm256_set1_ps(half_to_float(load_u16(p + g * K::kBytes + K::kDOff)));
+            const __m256 d = _mm256_set1_ps(fp16_to_fp32(load_u16(p + g * K::kBytes + K::kDOff)));
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
         }
     }

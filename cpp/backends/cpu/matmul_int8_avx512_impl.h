@@ -28,7 +28,8 @@
 
 #include <algorithm>
 
-#include "fp16.h"
+#include "block_unpack.h"
+#include "bonsai/quants.h"
 #include "matmul_kernels.h"
 
 #define BONSAI_AVX512 __attribute__((target(BONSAI_AVX512_TARGET)))
@@ -317,7 +318,7 @@ BONSAI_AVX512 __m512 tile_tokens(const uint8_t* row, const int8_t* const* act, c
             const __m512i as = _mm512_loadu_si512(asum_t + b * t_pad);
             if constexpr (K::kOff == 1) isum = _mm512_sub_epi32(isum, as);
             if constexpr (K::kOff == 8) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(as, 3));
-            const __m512 d = _mm512_set1_ps(half_to_float(load_u16(p + g * K::kBytes + K::kDOff)));
+            const __m512 d = _mm512_set1_ps(fp16_to_fp32(load_u16(p + g * K::kBytes + K::kDOff)));
             acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
         }
     }
