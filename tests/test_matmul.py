@@ -10,6 +10,9 @@ be bit-identical to the scalar path. FLOAT mode: reference W_dequant @ x in floa
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -179,3 +182,13 @@ def test_non_finite_activations_give_nan_row():
         y = _core.matmul(143, w, 256, x, path=path)
         assert np.isfinite(y[0]).all()
         assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+
+
+def test_cpu_path_env_var():
+    code = "from bonsai_runner import _core; print(_core.cpu_path())"
+    env = dict(os.environ, BONSAI_CPU_PATH="scalar")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "scalar"
+    env["BONSAI_CPU_PATH"] = "neon"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown CPU path 'neon'" in bad.stderr
