@@ -25,7 +25,7 @@ namespace {
 
 // Decode prefetches the same unit kPrefetchRows rows ahead (the next tiles), since a tile's rows
 // are short and contiguous.
-constexpr int kPrefetchRows = 8;
+constexpr int kPrefetchRows = 16;
 
 // Trit n of every byte, without multiplies: with m = (b * 3^n) mod 256 the trit is
 // (m > 85) + (m > 170). The kernel tracks m' = m ^ 0x80 (signed bytes, so the tests are signed
@@ -59,8 +59,15 @@ BONSAI_AVX2 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(
 struct KPtq1 {
     static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26;
     static constexpr bool kSigned = false;
-    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, __m256i* c) {
-        const __m256i m7 = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, -1, 0);  // the 28-byte block
+    // more: another unit follows in the row, so 32-byte loads may run 4 bytes into it (those
+    // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
+    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, bool more, __m256i* c) {
+        if (more) {
+            trits5(load32(p), c, 2);
+            trits5(load32(p + kBytes), c + 1, 2);
+            return;
+        }
+        const __m256i m7 = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, -1, 0);
         trits5(_mm256_maskload_epi32(reinterpret_cast<const int*>(p), m7), c, 2);
         trits5(nin > 1 ? _mm256_maskload_epi32(reinterpret_cast<const int*>(p + kBytes), m7) : _mm256_setzero_si256(),
                c + 1, 2);
@@ -70,17 +77,17 @@ struct KPtq1 {
 struct KTq1 {
     static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52;
     static constexpr bool kSigned = false;
-    BONSAI_AVX2 static void codes(const uint8_t* p, int, __m256i* c) {
+    BONSAI_AVX2 static void codes(const uint8_t* p, int, bool more, __m256i* c) {
         const __m256i m5 = _mm256_setr_epi32(-1, -1, -1, -1, -1, 0, 0, 0);  // qs[32..47], qh[0..3]
         trits5(load32(p), c, 2);
-        trits5(_mm256_maskload_epi32(reinterpret_cast<const int*>(p + 32), m5), c + 1, 2);
+        trits5(more ? load32(p + 32) : _mm256_maskload_epi32(reinterpret_cast<const int*>(p + 32), m5), c + 1, 2);
     }
 };
 
 struct KTq2 {
     static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64;
     static constexpr bool kSigned = false;
-    BONSAI_AVX2 static void codes(const uint8_t* p, int, __m256i* c) {
+    BONSAI_AVX2 static void codes(const uint8_t* p, int, bool, __m256i* c) {
         fields2(load32(p), c, 2);
         fields2(load32(p + 32), c + 1, 2);
     }
@@ -89,7 +96,7 @@ struct KTq2 {
 struct KQ2g64 {
     static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0;
     static constexpr bool kSigned = false;
-    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, __m256i* c) {
+    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, bool, __m256i* c) {
         fields2(join128(load16_or_zero(p + 2, true), load16_or_zero(p + 2 + kBytes, nin > 1)), c, 2);
         fields2(join128(load16_or_zero(p + 2 + 2 * kBytes, nin > 2), load16_or_zero(p + 2 + 3 * kBytes, nin > 3)),
                 c + 1, 2);
@@ -99,7 +106,7 @@ struct KQ2g64 {
 struct KQ2g128 {
     static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0;
     static constexpr bool kSigned = false;
-    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, __m256i* c) {
+    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, bool, __m256i* c) {
         fields2(load32(p + 2), c, 2);
         fields2(nin > 1 ? load32(p + 2 + kBytes) : _mm256_setzero_si256(), c + 1, 2);
     }
@@ -108,7 +115,7 @@ struct KQ2g128 {
 struct KQ4 {
     static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0;
     static constexpr bool kSigned = false;
-    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, __m256i* c) {
+    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, bool, __m256i* c) {
         const __m256i m4 = _mm256_set1_epi8(15);
         const __m256i lo = join128(load16_or_zero(p + 2, true), load16_or_zero(p + 2 + kBytes, nin > 1));
         const __m256i hi = join128(load16_or_zero(p + 2 + 2 * kBytes, nin > 2), load16_or_zero(p + 2 + 3 * kBytes, nin > 3));
@@ -122,7 +129,7 @@ struct KQ4 {
 struct KQ8 {
     static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0;
     static constexpr bool kSigned = true;
-    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, __m256i* c) {
+    BONSAI_AVX2 static void codes(const uint8_t* p, int nin, bool, __m256i* c) {
         c[0] = load32(p + 2);
         c[1] = nin > 1 ? load32(p + 2 + kBytes) : _mm256_setzero_si256();
     }
@@ -201,7 +208,7 @@ BONSAI_AVX2 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, cons
             const uint8_t* p = rows[i] + u * unit_bytes;
             _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_stride), _MM_HINT_T0);
             __m256i c[2 * K::C];
-            K::codes(p, nin, c);
+            K::codes(p, nin, u + 1 < nu, c);
             dot_unit<K>(c, au, s[i]);
         }
         const __m256i lo = reduce4(s[0][0], s[1][0], s[2][0], s[3][0]);
@@ -226,7 +233,7 @@ BONSAI_AVX2 __m256 tile_tokens(const uint8_t* row, const int8_t* const* act, con
         const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
         const uint8_t* p = row + u * unit_bytes;
         __m256i c[2 * K::C];
-        K::codes(p, nin, c);
+        K::codes(p, nin, u + 1 < nu, c);
         const int64_t aoff = u * K::C * 64;
         __m256i lo[kGroups], hi[kGroups];
 #pragma GCC unroll 2

@@ -40,7 +40,7 @@ namespace {
 
 // Decode prefetches the same unit kPrefetchRows rows ahead (the next tiles): a tile's rows are
 // short and contiguous, so this runs ahead of the whole tile.
-constexpr int kPrefetchRows = 8;
+constexpr int kPrefetchRows = 16;
 
 #if BONSAI_TRIT_LUT
 struct TritTables {
