@@ -1,8 +1,8 @@
 // AVX2 INT8 matmul (AVX2 + FMA + F16C by function attributes, chosen at run time).
 //
-// The same algorithm as matmul_int8_avx512_impl.h on ymm registers (base-3 bytes are unpacked with
-// byte adds and compares, see trits5): each 64-byte code vector of a unit
-// (int8_layout.h) is handled as two ymm halves. Codes times activations go through vpmaddubsw
+// The same algorithm as matmul_int8_avx512_impl.h on ymm registers: 4-row tiles for 1-2 tokens,
+// 1 row x 8 token tiles from 3 tokens on, base-3 bytes unpacked with byte adds and compares
+// (trits5), each 64-byte code vector of a unit (int8_layout.h) handled as two ymm halves. Codes times activations go through vpmaddubsw
 // (unsigned code x signed activation into int16 pairs; the code ranges keep every int16 sum below
 // 32767, see the bounds below) and vpmaddwd with ones into int32, so every block's dot product is
 // exact and the float combination acc = fma(d_b, isum_b, acc), y = acc * s matches the scalar
@@ -262,7 +262,7 @@ template <class K>
 BONSAI_AVX2 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
-    if (a.n_tokens < 4) {
+    if (a.n_tokens < 3) {
         for (int64_t t = 0; t < a.n_tokens; ++t) {
             const int8_t* act = a.slots + t * a.slot_bytes;
             const int32_t* asum = a.asum + t * nb;

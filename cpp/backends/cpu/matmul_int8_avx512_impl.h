@@ -13,12 +13,12 @@
 // 256-byte table of trit n (built from the same rule) and a blend on the byte's top bit.
 // 2-bit and 4-bit codes are shifts and masks; Q8_0 uses |w| and the activation negated where w < 0.
 //
-// Tiles: decode (fewer than 4 tokens) computes 4 rows x 1 token, sharing the activation loads and
-// prefetching the rows of the following tiles; prefill computes 1 row x up to 16 tokens, unpacking
-// each unit once for all of them. The four int32 accumulators of a group are reduced together (an
-// unpack/add transpose) to one int32 per (block, output), then acc = fma(d_b, isum_b - off * asum_b,
-// acc) block after block, and y = acc * s: exactly the scalar kernel's operations, so the results
-// are bit-identical to it.
+// Tiles: one token computes 4 rows x 1 token, sharing the activation loads and prefetching the
+// rows of the following tiles; 2 or more tokens go through 1 row x up to 16 token tiles (token
+// tiles outside, rows inside), unpacking each unit once for all of them. The four int32
+// accumulators of a group are reduced together (an unpack/add transpose) to one int32 per
+// (block, output), then acc = fma(d_b, isum_b - off * asum_b, acc) block after block, and
+// y = acc * s: exactly the scalar kernel's operations, so the results are bit-identical to it.
 #pragma once
 
 // GCC 12 warns about the deliberately undefined pass-through operands inside its AVX-512 headers.
@@ -329,7 +329,7 @@ template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
-    if (a.n_tokens < 4) {
+    if (a.n_tokens < 2) {
         const int64_t prefetch_stride = kPrefetchRows * static_cast<int64_t>(w.row_bytes);
         for (int64_t t = 0; t < a.n_tokens; ++t) {
             const int8_t* act = a.slots + t * a.slot_bytes;
