@@ -116,7 +116,12 @@ BONSAI_AVX512 inline __m512i load2x32(const uint8_t* p, int off, int stride, int
 struct KPtq1 {
     static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 13;
     static constexpr bool kSigned = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin) {
+    // more: another unit follows in the row, so plain 32-byte loads may run 4 bytes into it (those
+    // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool more) {
+        if (more)
+            return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBytes)));
         const __mmask32 m = (1u << kBytes) - 1;  // the whole block, scale included
         return join256(_mm256_maskz_loadu_epi8(m, p),
                        nin > 1 ? _mm256_maskz_loadu_epi8(m, p + kBytes) : _mm256_setzero_si256());
@@ -127,7 +132,8 @@ struct KPtq1 {
 struct KTq1 {
     static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26;
     static constexpr bool kSigned = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int) {
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
+        if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
         return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
                        _mm256_maskz_loadu_epi8((1u << 22) - 1, p + 32));  // qs[32..47], qh, d
     }
@@ -137,28 +143,28 @@ struct KTq1 {
 struct KTq2 {
     static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64, kDWord = -1;
     static constexpr bool kSigned = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int) { return _mm512_loadu_si512(p); }
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g64 {
     static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0, kDWord = -1;
     static constexpr bool kSigned = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin) { return load4x16(p, kBytes, nin); }
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g128 {
     static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = -1;
     static constexpr bool kSigned = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin) { return load2x32(p, 2, kBytes, nin); }
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ4 {
     static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0, kDWord = -1;
     static constexpr bool kSigned = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin) { return load4x16(p, kBytes, nin); }
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) {
         const __m512i m4 = _mm512_set1_epi8(15);
         c[0] = _mm512_and_si512(src, m4);
@@ -169,7 +175,7 @@ struct KQ4 {
 struct KQ8 {
     static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0, kDWord = -1;
     static constexpr bool kSigned = true;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin) { return load2x32(p, 2, kBytes, nin); }
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = src; }
 };
 
@@ -265,7 +271,7 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
         for (int i = 0; i < 4; ++i) {
             p[i] = rows[i] + u * unit_bytes;
             _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
-            src[i] = K::load(p[i], nin);
+            src[i] = K::load(p[i], nin, u + 1 < nu);
             __m512i c[K::C];
             K::codes(src[i], c);
             s[i] = dot_unit<K>(c, au);
@@ -299,7 +305,7 @@ BONSAI_AVX512 __m512 tile_tokens(const uint8_t* row, const int8_t* const* act, c
         const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
         const uint8_t* p = row + u * unit_bytes;
         __m512i c[K::C];
-        K::codes(K::load(p, nin), c);
+        K::codes(K::load(p, nin, u + 1 < nu), c);
         const int64_t aoff = u * K::C * 64;
         __m512i red[kGroups];
 #pragma GCC unroll 4
