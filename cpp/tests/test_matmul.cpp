@@ -8,6 +8,11 @@
 #include <random>
 #include <vector>
 
+#if defined(__unix__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 #include "../backends/cpu/block_unpack.h"
 #include "../backends/cpu/cpu_features.h"
 #include "bonsai/error.h"
@@ -75,7 +80,7 @@ static std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t c
     std::vector<uint8_t> w(static_cast<size_t>(rows) * type_row_bytes(type, cols));
     for (auto& b : w) b = static_cast<uint8_t>(rng());
     const cpu::BlockInfo* bi = cpu::block_info(type);
-    std::uniform_real_distribution<float> ud(-0.05f, 0.05f);
+    if (!bi) return w;  // F32 / F16 / BF16: raw random bits
     for (size_t off = 0; off < w.size(); off += static_cast<size_t>(t->type_size)) {
         // a moderate fp16 scale: exponent 0b01010..0b01100, random mantissa and sign
         const uint16_t h = static_cast<uint16_t>((rng() & 0x83ffu) | (0x28u + rng() % 3) << 10);
@@ -135,6 +140,41 @@ static void test_int8_paths() {
     }
 }
 
+// Weights that end exactly at a page followed by an inaccessible page: any kernel read past the
+// last block faults. Every type, path, mode and tile shape runs over them.
+static void test_no_read_past_end() {
+#if defined(__unix__)
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const GgmlType types[] = {TYPE_PTQ1_0, TYPE_TQ1_0, TYPE_TQ2_0, TYPE_Q2_0, TYPE_Q2_0_G128, TYPE_PQ2_0,
+                              TYPE_Q4_0,   TYPE_Q8_0,  TYPE_F32,   TYPE_F16,  TYPE_BF16};
+    std::mt19937 rng(3);
+    ThreadPool pool(2);
+    for (GgmlType type : types) {
+        const int64_t cols = type_traits(type)->block_size == 256 ? 768 : 640, rows = 7;
+        std::vector<uint8_t> w = random_weight(type, rows, cols, rng);
+        const size_t pages = (w.size() + page - 1) / page + 1;
+        void* mem = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(mem != MAP_FAILED);
+        if (mem == MAP_FAILED) return;
+        uint8_t* guard = static_cast<uint8_t*>(mem) + (pages - 1) * page;
+        mprotect(guard, page, PROT_NONE);
+        uint8_t* data = guard - w.size();
+        std::memcpy(data, w.data(), w.size());
+        const WeightView wv{type, data, rows, cols, type_row_bytes(type, cols)};
+        for (int64_t nt : {1, 2, 3, 17}) {
+            std::vector<float> x(static_cast<size_t>(nt * cols), 0.25f), y(static_cast<size_t>(nt * rows));
+            for (CpuPath p : available_cpu_paths())
+                for (ActMode mode : {ActMode::INT8, ActMode::FLOAT})
+                    matmul_on_path(wv, x.data(), nt, y.data(), mode, pool, p);
+        }
+        const int32_t last = static_cast<int32_t>(rows - 1);
+        std::vector<float> row(static_cast<size_t>(cols));
+        get_rows(wv, &last, 1, row.data());
+        munmap(mem, pages * page);
+    }
+#endif
+}
+
 static void test_errors_and_paths() {
     ThreadPool pool(1);
     std::vector<uint8_t> w(4 * 28);
@@ -158,6 +198,7 @@ static void test_errors_and_paths() {
 int main() {
     test_thread_pool();
     test_int8_paths();
+    test_no_read_past_end();
     test_errors_and_paths();
     if (g_failures) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);
