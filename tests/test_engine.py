@@ -356,3 +356,74 @@ def test_model_properties(model_dir):
     ids = m.tokenize("ab", add_special=True)
     assert ids[0] == 1
     assert m.detokenize(ids[1:]) == b"ab"
+
+
+# ---------------------------------------------------------------- bonsai_run
+def _greedy_text(model, prompt, n):
+    ids = model.tokenize(prompt, add_special=True, parse_special=True)
+    out = []
+    with ctx_for(model, act_mode="int8") as ctx:
+        logits = ctx.decode(ids)[0]
+        for _ in range(n):
+            t = int(logits.argmax())
+            if t == model.eos:
+                break
+            out.append(t)
+            logits = ctx.decode([t])[0]
+    return model.detokenize(out)
+
+
+def _run(*args, stdin=None):
+    """bonsai_run with bytes stdout (random fixtures emit arbitrary bytes) and text stderr."""
+    import subprocess
+
+    from conftest import bonsai_run_path
+
+    p = subprocess.run([bonsai_run_path(), *map(str, args)], input=stdin, capture_output=True, timeout=60)
+    p.stderr = p.stderr.decode("utf-8", "replace")
+    return p
+
+
+def test_bonsai_run_generates_greedy_text(model_dir):
+    _, path, m = get_model(model_dir, "qwen2", "Q8_0")
+    p = _run("-m", path, "-p", "ab abc", "-n", "12", "--temp", "0", "-t", "2", "-c", "256")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == b"ab abc" + _greedy_text(m, "ab abc", 12)
+    for needle in ("layer   1: CPU", "KV cache", "compute buffers", "timing: load", "tokens/s"):
+        assert needle in p.stderr
+
+
+def test_bonsai_run_seeded_sampling_is_reproducible(model_dir):
+    _, path, _ = get_model(model_dir, "llama", "F16", False, "F16")
+    args = ("-m", path, "-p", "abc", "-n", "16", "--temp", "1.0", "--seed", "7", "-t", "1", "-c", "128")
+    a, b = _run(*args), _run(*args)
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_bonsai_run_chat_mode(model_dir):
+    _, path, _ = get_model(model_dir, "qwen3", "F32")
+    p = _run("-m", path, "-i", "-n", "4", "--temp", "0", "-c", "256", "-t", "1", stdin=b"hello\nabc\n/exit\n")
+    assert p.returncode == 0, p.stderr
+    assert "chat mode (plain turns)" in p.stderr and p.stderr.count("> ") >= 3
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (("-p", ""), "prompt is empty"), ((), "no prompt"), (("-p", "a", "-n", "0"), "n-predict"),
+    (("-p", "a", "--temp", "-1"), "temp"), (("-p", "a", "--top-p", "2"), "top"),
+    (("-p", "ab " * 40, "-c", "16"), "context"), (("-p", "a", "--cache-type-k", "q4_0"), "cache-type-k"),
+    (("-p", "a", "--parallel", "2"), "parallel"), (("-p", "a", "--min-p", "1.5"), "min")])
+def test_bonsai_run_bad_input(model_dir, extra, msg):
+    _, path, _ = get_model(model_dir, "llama", "F32")
+    p = _run("-m", path, *extra, "-t", "1")
+    assert p.returncode not in (0, -11, -6), p.stderr
+    err = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(err) == 1 and msg in err[0].lower(), p.stderr
+
+
+def test_bonsai_run_bad_model(tmp_path):
+    write_model(tmp_path / "gpt2.gguf", Cfg(arch="gpt2"))
+    for path, msg in [(tmp_path / "gpt2.gguf", "llama, qwen2 and qwen3"), (tmp_path / "nope.gguf", "nope.gguf")]:
+        p = _run("-m", path, "-p", "hi")
+        assert p.returncode == 1
+        err = [ln for ln in p.stderr.splitlines() if "error" in ln]
+        assert len(err) == 1 and msg in err[0], p.stderr
