@@ -146,6 +146,13 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelPar
         override_vocab->check_replaces(*m->vocab_, hp.n_vocab);
         m->vocab_ = std::move(override_vocab);
     }
+    if (params.verbose) {
+        std::fprintf(stderr, "%s: %s, %lld layers, vocab %lld\n%s", path.c_str(), hp.arch.c_str(),
+                     static_cast<long long>(hp.n_layer), static_cast<long long>(hp.n_vocab), m->layer_table().c_str());
+        if (params.n_gpu_layers > 0) {
+            std::fprintf(stderr, "note: this build has no CUDA backend; every layer runs on the CPU\n");
+        }
+    }
     return m;
 }
 
