@@ -427,3 +427,18 @@ def test_bonsai_run_bad_model(tmp_path):
         assert p.returncode == 1
         err = [ln for ln in p.stderr.splitlines() if "error" in ln]
         assert len(err) == 1 and msg in err[0], p.stderr
+
+
+# ---------------------------------------------------------------- the project's numpy reference
+@pytest.mark.parametrize("arch,wtype,tied", [("llama", "F16", False), ("qwen2", "Q8_0", True),
+                                             ("qwen3", "TQ2_0", False), ("llama", "TQ1_0", False)])
+def test_logits_match_reference_model(model_dir, arch, wtype, tied):
+    """Engine logits vs bonsai_runner.reference.ReferenceModel (float64 numpy) on the same file."""
+    reference = pytest.importorskip("bonsai_runner.reference")
+    emb = "F16" if wtype != "Q8_0" else wtype
+    _, path, m = get_model(model_dir, arch, wtype, tied, emb)
+    toks = TOKENS[:24]
+    ref = reference.ReferenceModel.from_gguf(path).logits(toks)
+    with ctx_for(m) as ctx:
+        got = ctx.decode(toks, logits="all")
+    assert rel_err(got, ref) < 1e-3
