@@ -35,6 +35,8 @@ class Cfg:
     wtype: str = "F32"        # type of the linear layers
     emb_type: str = "F32"     # type of token_embd / output
     n_ctx_train: int = 512
+    rope_freqs: bool = False  # llama3-style rope_freqs.weight frequency factors
+    rope_linear: float = 0.0  # linear rope scaling factor (0 = none)
     weights: dict = field(default_factory=dict)  # name -> float64 array in HF layout (filled on write)
 
 
@@ -80,6 +82,9 @@ def write_model(path, cfg: Cfg, seed: int = 0) -> Cfg:
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
     w.add_uint32(f"{a}.vocab_size", cfg.n_vocab)
+    if cfg.rope_linear:
+        w.add_string(f"{a}.rope.scaling.type", "linear")
+        w.add_float32(f"{a}.rope.scaling.factor", cfg.rope_linear)
     toks, scores, types = _vocab(cfg.n_vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(toks)
@@ -116,6 +121,8 @@ def write_model(path, cfg: Cfg, seed: int = 0) -> Cfg:
 
     put("token_embd.weight", mat(cfg.n_vocab, e, 1.0), cfg.emb_type)
     put("output_norm.weight", norm(e))
+    if cfg.rope_freqs:
+        put("rope_freqs.weight", 1.0 + np.arange(cfg.head_dim // 2) * 0.5)
     if not cfg.tied:
         put("output.weight", mat(cfg.n_vocab, e), cfg.emb_type)
     perm = cfg.arch == "llama"
@@ -156,7 +163,10 @@ def reference_logits(cfg: Cfg, tokens) -> np.ndarray:
     n, hd = len(tokens), cfg.head_dim
     x = W["token_embd.weight"][tokens].copy()
     inv = cfg.theta ** (-np.arange(0, hd, 2) / hd)
-    ang = np.arange(n)[:, None] * inv[None, :]
+    if cfg.rope_freqs:
+        inv = inv / W["rope_freqs.weight"]
+    pos = np.arange(n) / (cfg.rope_linear or 1.0)
+    ang = pos[:, None] * inv[None, :]
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
 
     def rope(t):  # t [n, heads, hd], HF rotate_half

@@ -77,6 +77,18 @@ def test_logits_match_reference_float_mode(model_dir, arch, wtype, tied):
     assert rel_err(got, reference_logits(cfg, toks)) < 1e-3
 
 
+def test_rope_frequency_factors_and_linear_scaling(tmp_path):
+    cfg = write_model(tmp_path / "rope.gguf", Cfg(arch="llama", rope_freqs=True, rope_linear=4.0))
+    m = _core.Model(str(tmp_path / "rope.gguf"))
+    toks = TOKENS[:40]
+    with ctx_for(m) as ctx:
+        got = ctx.decode(toks, logits="all")
+    assert rel_err(got, reference_logits(cfg, toks)) < 1e-3
+    plain = Cfg(arch="llama")
+    plain.weights = cfg.weights
+    assert rel_err(got, reference_logits(plain, toks)) > 1e-2  # the scaling really changed the result
+
+
 def _kl(p_logits, q_logits):
     p = np.exp(p_logits - p_logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)

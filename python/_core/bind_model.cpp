@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -39,6 +40,7 @@ struct PyModel {
 
 struct PyContext {
     std::unique_ptr<bonsai::Context> ctx;
+    std::mutex busy;  // decode runs without the GIL: one call at a time per context
     bonsai::Context& get() const {
         if (!ctx) throw Error("the context is closed");
         return *ctx;
@@ -152,13 +154,19 @@ py::array_t<float> decode(PyContext& self, const py::object& tokens, const py::o
         if (mask.size() != n) throw Error("decode: the logits mask has a different length than tokens");
         b.logits.assign(mask.begin(), mask.end());
     }
+    const int64_t n_vocab = ctx.model().hparams().n_vocab;
+    std::vector<float> rows;
+    int64_t n_out = 0;
     {
         py::gil_scoped_release release;
-        ctx.decode(b);
+        std::lock_guard<std::mutex> lock(self.busy);
+        bonsai::Context& c = self.get();  // not closed meanwhile
+        c.decode(b);
+        n_out = c.n_outputs();
+        rows.assign(c.all_logits(), c.all_logits() + n_out * n_vocab);
     }
-    const int64_t n_vocab = ctx.model().hparams().n_vocab;
-    py::array_t<float> out({static_cast<py::ssize_t>(ctx.n_outputs()), static_cast<py::ssize_t>(n_vocab)});
-    std::copy(ctx.all_logits(), ctx.all_logits() + ctx.n_outputs() * n_vocab, out.mutable_data());
+    py::array_t<float> out({static_cast<py::ssize_t>(n_out), static_cast<py::ssize_t>(n_vocab)});
+    std::copy(rows.begin(), rows.end(), out.mutable_data());
     return out;
 }
 
@@ -267,10 +275,16 @@ void bind_model(py::module_& m) {
             d["logits_bytes"] = r.logits_bytes;
             return d;
         })
-        .def("close", [](PyContext& s) { s.ctx.reset(); })
+        .def("close", [](PyContext& s) {
+            std::lock_guard<std::mutex> lock(s.busy);
+            s.ctx.reset();
+        })
         .def_property_readonly("closed", [](const PyContext& s) { return !s.ctx; })
         .def("__enter__", [](py::object self) { return self; })
-        .def("__exit__", [](PyContext& s, py::args) { s.ctx.reset(); });
+        .def("__exit__", [](PyContext& s, py::args) {
+            std::lock_guard<std::mutex> lock(s.busy);
+            s.ctx.reset();
+        });
 
     py::class_<PySampler>(m, "Sampler", "Greedy / temperature / top-k / top-p / min-p sampling with a seed.")
         .def(py::init([](float temp, int top_k, float top_p, float min_p, float repeat_penalty, int repeat_last_n,
