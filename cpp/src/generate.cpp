@@ -256,6 +256,10 @@ int run_generate(const RunOptions& o) {
     timing.load_ms = ms_since(t_load);
     print_load_report(*model, ctx, o);
     if (o.cache_prompt) std::fprintf(stderr, "note: --cache-prompt has no effect on a single prompt\n");
+    if (model->hparams().n_ctx_train > 0 && ctx.n_ctx() > model->hparams().n_ctx_train) {
+        std::fprintf(stderr, "note: --ctx-size %d exceeds the model's training context %lld; quality may drop "
+                     "past it\n", ctx.n_ctx(), static_cast<long long>(model->hparams().n_ctx_train));
+    }
 
     Sampler sampler(sp);
     std::fprintf(stderr, "sampling: temp %.2f, top_k %d, top_p %.2f, min_p %.2f, repeat_penalty %.2f "
