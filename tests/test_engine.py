@@ -456,3 +456,66 @@ def test_logits_match_reference_model(model_dir, arch, wtype, tied):
     with ctx_for(m) as ctx:
         got = ctx.decode(toks, logits="all")
     assert rel_err(got, ref) < 1e-3
+
+
+# ---------------------------------------------------------------- HF checkpoint -> bonsai convert -> engine
+_HF_NAMES = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+             "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+             "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_proj.bias": "attn_q.bias",
+             "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+             "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+             "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+             "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+def _cfg_from_hf(facts) -> Cfg:
+    c = facts["config"]
+    cfg = Cfg(arch=facts["arch"], n_vocab=facts["n_vocab"], n_embd=c["hidden_size"], n_layer=c["num_hidden_layers"],
+              n_head=c["num_attention_heads"], n_head_kv=c["num_key_value_heads"], head_dim=facts["head_dim"],
+              n_ff=c["intermediate_size"], eps=c["rms_norm_eps"], theta=c["rope_theta"], tied=facts["tied"])
+    w = {}
+    for name, x in facts["tensors"].items():
+        x = np.asarray(x, dtype=np.float64)
+        if name == "model.embed_tokens.weight":
+            w["token_embd.weight"] = x
+        elif name == "model.norm.weight":
+            w["output_norm.weight"] = x
+        elif name == "lm_head.weight":
+            w["output.weight"] = x
+        else:
+            i, rest = name[len("model.layers."):].split(".", 1)
+            w[f"blk.{i}.{_HF_NAMES[rest]}"] = x
+    cfg.weights = w
+    return cfg
+
+
+@pytest.mark.parametrize("arch,ternary,tokenizer,tied", [("llama", True, "spm", False), ("qwen2", True, "bpe", True),
+                                                          ("qwen3", True, "bpe", False), ("llama", False, "spm", True)])
+def test_converted_hf_checkpoint_matches_hf_semantics(tmp_path, arch, ternary, tokenizer, tied):
+    """A Hugging Face checkpoint through `bonsai convert` (ternary -> PTQ1_0, float -> F16) runs in the
+    engine like the HF model computes (rotate_half rope on unpermuted weights, float64 numpy)."""
+    mf = pytest.importorskip("model_factory")
+    from conftest import run_cli
+
+    hidden = 256 if ternary else 64
+    facts = mf.make_hf_model(tmp_path / "hf", arch=arch, hidden=hidden, ffn=2 * hidden, ternary=ternary,
+                             tokenizer=tokenizer, tied=tied, dtype="float16", seed=3)
+    out = tmp_path / "m.gguf"
+    args = [str(tmp_path / "hf"), "--outfile", str(out), "--no-progress"]
+    if not ternary:
+        args += ["--outtype", "f16"]
+    run_cli("convert", *args, check=True)
+    m = _core.Model(str(out))
+    want_type = "PTQ1_0" if ternary else "F16"
+    assert want_type in m.memory_report()["weights_by_type"]
+    cfg = _cfg_from_hf(facts)
+    toks = np.random.default_rng(5).integers(3, facts["n_vocab"], 32)
+    with ctx_for(m) as ctx:
+        got = ctx.decode(toks, logits="all")
+    ref = reference_logits(cfg, toks)
+    assert rel_err(got, ref) < 1e-3
+    with ctx_for(m, act_mode="int8") as ctx:
+        got8 = ctx.decode(toks, logits="all").astype(np.float64)
+    assert _kl(ref, got8).mean() <= 1e-3
+    ids = m.tokenize("hello world", add_special=False)
+    assert m.detokenize(ids) == b"hello world"
