@@ -313,6 +313,9 @@ def test_e2e_converted_model_chat_and_completion(converted, kind):
     path, facts = converted[kind]
     with Llama(path, n_ctx=256, logits_all=True, verbose=False) as llm:
         assert not llm._chat.is_fallback and llm._chat.source == facts["tokens"]["chat_template"]
+        assert facts["tokens"]["eos"] in llm._eog
+        if kind == "bpe":  # <|endoftext|> ends generation too, as in llama.cpp
+            assert facts["tokens"]["pad"] in llm._eog
         msgs = [{"role": "user", "content": "Hello world, 你好"}]
         r = llm.create_chat_completion(msgs, max_tokens=8, temperature=0)
         expected = ChatTemplate(facts["tokens"]["chat_template"], bos_token=llm._token_text(llm.token_bos()),

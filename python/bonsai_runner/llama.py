@@ -100,6 +100,7 @@ class Llama:
                               "(int8: per-token INT8 activations, float: full-precision activations)")
 
         self.model_path = path
+        self._tokenizer_override = tokenizer is not None
         self.verbose = bool(verbose)
         self._logits_all = bool(logits_all)
         self._seed = seed
@@ -197,10 +198,14 @@ class Llama:
         """EOS, the file's end-of-turn ids, and control tokens written as a known end-of-turn marker
         (e.g. Qwen's <|endoftext|> next to its EOS <|im_end|>), as llama.cpp's vocabulary marks them."""
         ids = {int(self._model.eos)}
-        for source in (self._model, getattr(self._model, "vocab", None)):
-            engine_ids = getattr(source, "eog_ids", None)
-            if engine_ids is not None:  # the engine's own list (llama.cpp's rules) when it has one
-                return frozenset(int(i) for i in engine_ids) | ids
+        vocab_cls = getattr(_core, "Vocab", None)
+        if vocab_cls is not None and not self._tokenizer_override:
+            # the engine's tokenizer applies llama.cpp's rules (eos/eot/eom and end-of-turn texts)
+            try:
+                vocab = vocab_cls({k: v for k, v in self.metadata.items() if k.startswith("tokenizer.")})
+                return frozenset(int(i) for i in vocab.eog_ids) | ids
+            except ValueError:
+                pass
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             v = self.metadata.get(key)
             if isinstance(v, (int, np.integer)):
