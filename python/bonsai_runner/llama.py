@@ -1,9 +1,9 @@
 """`Llama`: the high-level Python API over the native engine, modelled on llama-cpp-python's `Llama`.
 
 One `Llama` owns one `_core.Model` and one single-sequence `_core.Context`. It mirrors the
-evaluated tokens in `input_ids[:n_tokens]` (sequence 0 of the KV cache holds exactly these) and the
-logits in `scores` (every evaluated row when `logits_all=True`, otherwise the last row of each
-batch). Each generation starts by keeping the KV cache of the longest common prefix of the new
+evaluated tokens in `input_ids[:n_tokens]` (sequence 0 of the KV cache holds exactly these); with
+`logits_all=True` every evaluated position's logits are kept in `scores[:n_tokens]` (needed for
+echoed prompt logprobs), otherwise only the newest row is kept. Each generation starts by keeping the KV cache of the longest common prefix of the new
 prompt and the evaluated tokens (at least one prompt token is always re-evaluated so there are fresh
 logits to sample from) and removing the rest, so chat turns and repeated prompts skip most prefill.
 
@@ -547,8 +547,9 @@ class _CompletionRun:
                                        len(self.prompt_tokens), len(self.tokens))
 
     def chunks(self) -> Iterator[dict]:
-        chunk = lambda text, lp, reason=None: fmt.completion_chunk(  # noqa: E731
-            self.id, self.created, self.model, text, lp, reason)
+        def chunk(text, lp, reason=None):
+            return fmt.completion_chunk(self.id, self.created, self.model, text, lp, reason)
+
         offset = len(self.prompt_text)
         if self.echo:
             yield chunk(self.prompt_text, None)
