@@ -1,0 +1,221 @@
+"""The numpy reference forward (bonsai_runner.reference) is right and self-consistent.
+
+Tiny random models are written as GGUF files by the `gguf` package (independently of this
+project's converter and writer) from Hugging Face-layout weights, with llama.cpp's q/k row
+permutation for llama. The reference's logits on such a file must equal those of an independent
+forward written directly on the HF weights with HF's rotate_half rope (tests/hf_forward.py); then
+prefix, cache, tied-head and rope-factor consistency, and clear errors on bad files.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from bonsai_runner.errors import BonsaiError
+from bonsai_runner.reference import ReferenceModel
+from hf_forward import hf_logits
+
+VOCAB = 300
+TOKENS = [1, 17, 250, 3, 99, 42, 7, 7, 128, 255, 64, 5]
+
+
+def make_hf_weights(arch: str, seed: int = 0, tied: bool = False, rope_scaling=None):
+    """A random 2-layer HF config + weights (float64). qwen3 uses an explicit head_dim != hidden/heads."""
+    rng = np.random.default_rng(seed)
+    hidden, n_head, n_kv, n_ff = 64, 4, 2, 96
+    head_dim = 32 if arch == "qwen3" else hidden // n_head
+    cfg = {"model_type": arch, "hidden_size": hidden, "num_attention_heads": n_head,
+           "num_key_value_heads": n_kv, "head_dim": head_dim, "intermediate_size": n_ff,
+           "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0 if arch == "llama"
+           else 1e6, "vocab_size": VOCAB, "tie_word_embeddings": tied, "rope_scaling": rope_scaling}
+
+    def mat(rows, cols):
+        return rng.normal(0.0, 1.0 / np.sqrt(cols), (rows, cols))
+
+    def norm(n):
+        return 1.0 + 0.1 * rng.normal(size=n)
+
+    w = {"model.embed_tokens.weight": rng.normal(0.0, 1.0, (VOCAB, hidden)),
+         "model.norm.weight": norm(hidden)}
+    if not tied:
+        w["lm_head.weight"] = mat(VOCAB, hidden)
+    for i in range(2):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(hidden)
+        w[p + "post_attention_layernorm.weight"] = norm(hidden)
+        w[p + "self_attn.q_proj.weight"] = mat(n_head * head_dim, hidden)
+        w[p + "self_attn.k_proj.weight"] = mat(n_kv * head_dim, hidden)
+        w[p + "self_attn.v_proj.weight"] = mat(n_kv * head_dim, hidden)
+        w[p + "self_attn.o_proj.weight"] = mat(hidden, n_head * head_dim)
+        w[p + "mlp.gate_proj.weight"] = mat(n_ff, hidden)
+        w[p + "mlp.up_proj.weight"] = mat(n_ff, hidden)
+        w[p + "mlp.down_proj.weight"] = mat(hidden, n_ff)
+        if arch == "qwen2":
+            for proj, n in (("q", n_head), ("k", n_kv), ("v", n_kv)):
+                w[p + f"self_attn.{proj}_proj.bias"] = 0.5 * rng.normal(size=n * head_dim)
+        if arch == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = norm(head_dim)
+            w[p + "self_attn.k_norm.weight"] = norm(head_dim)
+    return cfg, w
+
+
+def _permute_for_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row order: per head, rows (0, d/2, 1, d/2+1, ...) so rope pairs are adjacent."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm",
+          "self_attn.k_norm": "attn_k_norm"}
+
+
+def write_gguf(path, cfg, w, permute=True, extra_tensors=None, drop=(), arch=None):
+    """Writes the HF weights as an F32 GGUF with llama.cpp names and hyperparameter keys."""
+    arch = arch or cfg["model_type"]
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    tensors = {"token_embd.weight": w["model.embed_tokens.weight"],
+               "output_norm.weight": w["model.norm.weight"]}
+    if "lm_head.weight" in w:
+        tensors["output.weight"] = w["lm_head.weight"]
+    for i in range(cfg["num_hidden_layers"]):
+        for hf_name, gg_name in _NAMES.items():
+            for kind in ("weight", "bias"):
+                t = w.get(f"model.layers.{i}.{hf_name}.{kind}")
+                if t is None:
+                    continue
+                if permute and arch == "llama" and hf_name in ("self_attn.q_proj", "self_attn.k_proj"):
+                    t = _permute_for_llama_cpp(t, n_head if "q_proj" in hf_name else n_kv)
+                tensors[f"blk.{i}.{gg_name}.{kind}"] = t
+    tensors.update(extra_tensors or {})
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(256)
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_freq_base(cfg["rope_theta"])
+    if cfg["head_dim"] != cfg["hidden_size"] // n_head:
+        writer.add_key_length(cfg["head_dim"])
+        writer.add_value_length(cfg["head_dim"])
+    if cfg.get("rope_scaling"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+    for name, t in tensors.items():
+        if name not in drop:
+            writer.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _f32(w):
+    """The weights as the F32 file stores them, so both forwards see identical values."""
+    return {k: v.astype(np.float32).astype(np.float64) for k, v in w.items()}
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("arch,scaling", [("llama", None), ("llama", {"type": "linear", "factor": 4.0}),
+                                          ("qwen2", None), ("qwen3", None)])
+@pytest.mark.parametrize("tied", [False, True])
+def test_matches_independent_hf_forward(tmp_path, arch, scaling, tied):
+    cfg, w = make_hf_weights(arch, tied=tied, rope_scaling=scaling)
+    model = ReferenceModel.from_gguf(write_gguf(tmp_path / "m.gguf", cfg, w))
+    ours = model.logits(TOKENS)
+    assert ours.shape == (len(TOKENS), VOCAB)
+    assert _rel(ours, hf_logits(cfg, _f32(w), TOKENS)) < 1e-10
+
+
+def test_llama_without_the_qk_permutation_does_not_match(tmp_path):
+    """Guards the test above: the permutation (normal-mode rope) is what makes llama agree."""
+    cfg, w = make_hf_weights("llama")
+    model = ReferenceModel.from_gguf(write_gguf(tmp_path / "m.gguf", cfg, w, permute=False))
+    assert _rel(model.logits(TOKENS), hf_logits(cfg, _f32(w), TOKENS)) > 1e-3
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def tiny_model(request, tmp_path_factory):
+    cfg, w = make_hf_weights(request.param, seed=3)
+    path = write_gguf(tmp_path_factory.mktemp(request.param) / "m.gguf", cfg, w)
+    return ReferenceModel.from_gguf(path)
+
+
+def test_prefix_logits_equal_the_first_rows(tiny_model):
+    full = tiny_model.logits(TOKENS)
+    for k in (1, 5, len(TOKENS) - 1):
+        np.testing.assert_allclose(tiny_model.logits(TOKENS[:k]), full[:k], rtol=0, atol=1e-12)
+
+
+def test_cached_decoding_equals_the_full_pass(tiny_model):
+    full = tiny_model.logits(TOKENS)
+    cache = tiny_model.new_cache()
+    rows = [tiny_model.logits(TOKENS[:4], cache=cache)]
+    rows += [tiny_model.logits([t], cache=cache) for t in TOKENS[4:]]
+    assert cache.n_past == len(TOKENS)
+    np.testing.assert_allclose(np.concatenate(rows), full, rtol=0, atol=1e-12)
+
+
+def test_start_pos_drops_the_rest_of_the_cache(tiny_model):
+    cache = tiny_model.new_cache()
+    tiny_model.logits([9, 8, 7, 6, 5, 4, 3], cache=cache)
+    tail = tiny_model.logits(TOKENS[2:], cache=cache, start_pos=2)
+    want = tiny_model.logits([9, 8] + TOKENS[2:])[2:]
+    np.testing.assert_allclose(tail, want, rtol=0, atol=1e-12)
+
+
+def test_tied_head_equals_an_explicit_copy_of_the_embedding(tmp_path):
+    cfg, w = make_hf_weights("qwen2", tied=True)
+    tied = ReferenceModel.from_gguf(write_gguf(tmp_path / "tied.gguf", cfg, w))
+    assert "output.weight" not in tied.weights
+    w_copy = dict(w, **{"lm_head.weight": w["model.embed_tokens.weight"].copy()})
+    untied = ReferenceModel.from_gguf(write_gguf(tmp_path / "untied.gguf", cfg, w_copy))
+    np.testing.assert_array_equal(tied.logits(TOKENS), untied.logits(TOKENS))
+
+
+def test_uniform_rope_freq_factors_equal_linear_scaling(tmp_path):
+    """rope_freqs.weight divides every frequency; a uniform factor c is linear scaling by c."""
+    cfg, w = make_hf_weights("llama")
+    half = cfg["head_dim"] // 2
+    plain = ReferenceModel.from_gguf(write_gguf(tmp_path / "a.gguf", cfg, w))
+    ones = ReferenceModel.from_gguf(write_gguf(tmp_path / "b.gguf", cfg, w,
+                                               extra_tensors={"rope_freqs.weight": np.ones(half)}))
+    threes = ReferenceModel.from_gguf(write_gguf(
+        tmp_path / "c.gguf", cfg, w, extra_tensors={"rope_freqs.weight": np.full(half, 3.0)}))
+    cfg_lin = dict(cfg, rope_scaling={"type": "linear", "factor": 3.0})
+    linear = ReferenceModel.from_gguf(write_gguf(tmp_path / "d.gguf", cfg_lin, w))
+    np.testing.assert_array_equal(plain.logits(TOKENS), ones.logits(TOKENS))
+    np.testing.assert_allclose(threes.logits(TOKENS), linear.logits(TOKENS), rtol=0, atol=1e-10)
+    assert _rel(threes.logits(TOKENS), plain.logits(TOKENS)) > 1e-3
+
+
+def test_unknown_architecture_is_refused(tmp_path):
+    cfg, w = make_hf_weights("llama")
+    path = write_gguf(tmp_path / "m.gguf", cfg, w, arch="gpt2")
+    with pytest.raises(BonsaiError, match="unsupported architecture 'gpt2'"):
+        ReferenceModel.from_gguf(path)
+
+
+def test_missing_and_misshaped_tensors_are_named(tmp_path):
+    cfg, w = make_hf_weights("qwen3")
+    path = write_gguf(tmp_path / "m.gguf", cfg, w, drop=("blk.1.attn_k_norm.weight",))
+    with pytest.raises(BonsaiError, match=r"missing tensor blk\.1\.attn_k_norm\.weight"):
+        ReferenceModel.from_gguf(path)
+    bad = write_gguf(tmp_path / "bad.gguf", cfg, w,
+                     extra_tensors={"blk.0.ffn_up.weight": np.zeros((96, 32))})
+    with pytest.raises(BonsaiError, match=r"blk\.0\.ffn_up\.weight has shape \(96, 32\)"):
+        ReferenceModel.from_gguf(bad)
+
+
+def test_out_of_range_token_is_refused(tiny_model):
+    with pytest.raises(BonsaiError, match="out of range"):
+        tiny_model.logits([0, VOCAB])
