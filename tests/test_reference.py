@@ -3,117 +3,21 @@
 Tiny random models are written as GGUF files by the `gguf` package (independently of this
 project's converter and writer) from Hugging Face-layout weights, with llama.cpp's q/k row
 permutation for llama. The reference's logits on such a file must equal those of an independent
-forward written directly on the HF weights with HF's rotate_half rope (tests/hf_forward.py); then
+forward written directly on the HF weights with HF's rotate_half rope (tests/hf_forward.py), files from tests/tiny_gguf.py; then
 prefix, cache, tied-head and rope-factor consistency, and clear errors on bad files.
 """
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 
 from bonsai_runner.errors import BonsaiError
 from bonsai_runner.reference import ReferenceModel
 from hf_forward import hf_logits
+from tiny_gguf import VOCAB, make_hf_weights, write_gguf
 
-VOCAB = 300
 TOKENS = [1, 17, 250, 3, 99, 42, 7, 7, 128, 255, 64, 5]
-
-
-def make_hf_weights(arch: str, seed: int = 0, tied: bool = False, rope_scaling=None):
-    """A random 2-layer HF config + weights (float64). qwen3 uses an explicit head_dim != hidden/heads."""
-    rng = np.random.default_rng(seed)
-    hidden, n_head, n_kv, n_ff = 64, 4, 2, 96
-    head_dim = 32 if arch == "qwen3" else hidden // n_head
-    cfg = {"model_type": arch, "hidden_size": hidden, "num_attention_heads": n_head,
-           "num_key_value_heads": n_kv, "head_dim": head_dim, "intermediate_size": n_ff,
-           "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0 if arch == "llama"
-           else 1e6, "vocab_size": VOCAB, "tie_word_embeddings": tied, "rope_scaling": rope_scaling}
-
-    def mat(rows, cols):
-        return rng.normal(0.0, 1.0 / np.sqrt(cols), (rows, cols))
-
-    def norm(n):
-        return 1.0 + 0.1 * rng.normal(size=n)
-
-    w = {"model.embed_tokens.weight": rng.normal(0.0, 1.0, (VOCAB, hidden)),
-         "model.norm.weight": norm(hidden)}
-    if not tied:
-        w["lm_head.weight"] = mat(VOCAB, hidden)
-    for i in range(2):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = norm(hidden)
-        w[p + "post_attention_layernorm.weight"] = norm(hidden)
-        w[p + "self_attn.q_proj.weight"] = mat(n_head * head_dim, hidden)
-        w[p + "self_attn.k_proj.weight"] = mat(n_kv * head_dim, hidden)
-        w[p + "self_attn.v_proj.weight"] = mat(n_kv * head_dim, hidden)
-        w[p + "self_attn.o_proj.weight"] = mat(hidden, n_head * head_dim)
-        w[p + "mlp.gate_proj.weight"] = mat(n_ff, hidden)
-        w[p + "mlp.up_proj.weight"] = mat(n_ff, hidden)
-        w[p + "mlp.down_proj.weight"] = mat(hidden, n_ff)
-        if arch == "qwen2":
-            for proj, n in (("q", n_head), ("k", n_kv), ("v", n_kv)):
-                w[p + f"self_attn.{proj}_proj.bias"] = 0.5 * rng.normal(size=n * head_dim)
-        if arch == "qwen3":
-            w[p + "self_attn.q_norm.weight"] = norm(head_dim)
-            w[p + "self_attn.k_norm.weight"] = norm(head_dim)
-    return cfg, w
-
-
-def _permute_for_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's q/k row order: per head, rows (0, d/2, 1, d/2+1, ...) so rope pairs are adjacent."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm"}
-
-
-def write_gguf(path, cfg, w, permute=True, extra_tensors=None, drop=(), arch=None):
-    """Writes the HF weights as an F32 GGUF with llama.cpp names and hyperparameter keys."""
-    arch = arch or cfg["model_type"]
-    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    tensors = {"token_embd.weight": w["model.embed_tokens.weight"],
-               "output_norm.weight": w["model.norm.weight"]}
-    if "lm_head.weight" in w:
-        tensors["output.weight"] = w["lm_head.weight"]
-    for i in range(cfg["num_hidden_layers"]):
-        for hf_name, gg_name in _NAMES.items():
-            for kind in ("weight", "bias"):
-                t = w.get(f"model.layers.{i}.{hf_name}.{kind}")
-                if t is None:
-                    continue
-                if permute and arch == "llama" and hf_name in ("self_attn.q_proj", "self_attn.k_proj"):
-                    t = _permute_for_llama_cpp(t, n_head if "q_proj" in hf_name else n_kv)
-                tensors[f"blk.{i}.{gg_name}.{kind}"] = t
-    tensors.update(extra_tensors or {})
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(cfg["num_hidden_layers"])
-    writer.add_context_length(256)
-    writer.add_embedding_length(cfg["hidden_size"])
-    writer.add_feed_forward_length(cfg["intermediate_size"])
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_kv)
-    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    writer.add_rope_freq_base(cfg["rope_theta"])
-    if cfg["head_dim"] != cfg["hidden_size"] // n_head:
-        writer.add_key_length(cfg["head_dim"])
-        writer.add_value_length(cfg["head_dim"])
-    if cfg.get("rope_scaling"):
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
-    for name, t in tensors.items():
-        if name not in drop:
-            writer.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def _f32(w):
