@@ -146,6 +146,10 @@ class ReferenceModel:
 
         gf = open_gguf(str(path))
         metadata = dict(gf.metadata)
+        rotated = sorted(k for k in metadata if k.startswith("prism.hadamard."))
+        if rotated:
+            raise BonsaiError(f"{path}: weights are Hadamard-rotated ({rotated[0]}); the "
+                              "reference forward does not apply the activation rotation")
         weights = {}
         for t in gf.tensors:
             weights[t.name] = _dequantize_tensor(t, gf.tensor_data(t.name))
@@ -349,7 +353,7 @@ def _dequantize_tensor(t, data: np.ndarray) -> np.ndarray:
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         raw = np.asarray(data, dtype=np.uint8).reshape(rows, -1)
         values = gguf.quants.dequantize(raw, qtype)
-    return np.asarray(values, dtype=np.float32).reshape(shape)
+    return np.array(values, dtype=np.float32).reshape(shape)  # a copy: never a view of the file
 
 
 def _as_str(value) -> str:
