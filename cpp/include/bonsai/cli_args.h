@@ -1,0 +1,64 @@
+// Command-line options of bonsai_run (SPEC section 6), parsed and validated in one place so that
+// the engine, the binary and the tests agree on names, defaults and ranges.
+//
+// Flags take their value as the next argument or after '=' (`--ctx-size 4096`, `--ctx-size=4096`).
+// `--config FILE` reads defaults from a JSON object whose keys are long flag names without the
+// dashes (`{"ctx-size": 8192, "temp": 0.2, "flash-attn": true}`); flags on the command line
+// override it. Bad input throws bonsai::Error with one line naming the flag and what is accepted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "bonsai/types.h"
+
+namespace bonsai {
+
+struct RunOptions {
+    // model and inputs
+    std::string model;            // -m, --model: GGUF file (required unless --help)
+    std::string config;           // --config: JSON file of default flag values
+    std::string tokenizer;        // --tokenizer: tokenizer.model overriding the embedded vocabulary
+    std::string prompt;           // -p, --prompt
+    bool has_prompt = false;      // -p given (an empty prompt is valid)
+    std::string prompt_file;      // -f, --file: read the prompt from this file
+    bool interactive = false;     // -i, --interactive: chat mode
+    bool inspect = false;         // --inspect: print the file summary and exit
+
+    // generation and sampling
+    int32_t n_predict = -1;       // -n: tokens to generate, -1 = until end of text or context full
+    int32_t ctx_size = 4096;      // -c: context length, 0 = the model's training context
+    float temp = 0.8f;            // 0 = greedy
+    float top_p = 0.95f;          // 1 = off
+    int32_t top_k = 40;           // 0 = off
+    float min_p = 0.05f;          // 0 = off
+    float repeat_penalty = 1.0f;  // 1 = off
+    int32_t repeat_last_n = 64;   // -1 = whole context, 0 = off
+    int64_t seed = -1;            // -1 = random; otherwise 0 .. 2^32-1
+
+    // engine
+    int32_t n_gpu_layers = -1;    // -ngl: layers on the GPU, -1 = all
+    GgmlType cache_type_k = TYPE_F16;  // TYPE_F16 or TYPE_Q8_0
+    GgmlType cache_type_v = TYPE_F16;
+    bool flash_attn = false;
+    bool cuda_graph = false;
+    bool use_mmap = true;         // false with --no-mmap
+    int32_t parallel = 1;         // independent sequences decoded together
+    int32_t batch_size = 512;     // -b: prompt tokens per forward pass
+    bool cache_prompt = false;    // reuse the KV cache of a shared prompt prefix
+    int32_t threads = 0;          // -t: CPU threads, 0 = one per hardware thread
+
+    bool help = false;            // -h, --help
+};
+
+// Parses argv[1..argc-1]. Throws bonsai::Error on an unknown flag, a missing or bad value, a
+// missing --model (unless --help), conflicting flags, or an unreadable/malformed --config file.
+RunOptions parse_run_args(int argc, const char* const* argv);
+
+// One-paragraph synopsis printed after a usage error.
+std::string run_usage(const std::string& prog);
+
+// Full help: every flag with its value, default and meaning, plus examples.
+std::string run_help(const std::string& prog);
+
+}  // namespace bonsai

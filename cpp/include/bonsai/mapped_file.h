@@ -1,0 +1,40 @@
+// A read-only view of a whole file: memory-mapped (the default; pages are loaded on first touch and
+// shared with the page cache) or read into one aligned heap buffer (`use_mmap = false`, the
+// `--no-mmap` mode, for file systems where mapping is slow or unavailable).
+//
+// The object owns the mapping or buffer and releases it in its destructor; it is neither copyable
+// nor movable, so pointers into data() stay valid for its whole lifetime. Holders that must outlive
+// their opener (numpy views from Python, a Model) share it through std::shared_ptr.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace bonsai {
+
+class MappedFile {
+public:
+    // Opens `path` read-only; throws bonsai::Error naming the file and the OS reason on failure.
+    static std::shared_ptr<const MappedFile> open(const std::string& path, bool use_mmap = true);
+
+    ~MappedFile();
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+
+    const uint8_t* data() const { return data_; }  // nullptr for an empty file
+    size_t size() const { return size_; }
+    const std::string& path() const { return path_; }
+    bool is_mapped() const { return mapped_; }
+
+private:
+    MappedFile() = default;
+
+    std::string path_;
+    const uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+    bool mapped_ = false;  // true: munmap on release; false: data_ is an aligned heap buffer
+};
+
+}  // namespace bonsai

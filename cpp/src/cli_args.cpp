@@ -1,0 +1,385 @@
+// bonsai_run's flag table, value parsing and help text (see bonsai/cli_args.h).
+//
+// The table below is the single list of flags: parsing, `--config` keys and the help text are all
+// generated from it, so a flag cannot be accepted without being documented or vice versa.
+// Numbers are parsed strictly (the whole argument must be a finite number in range).
+#include "bonsai/cli_args.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "bonsai/error.h"
+
+namespace bonsai {
+
+namespace {
+
+struct Flag {
+    std::vector<std::string> names;  // e.g. {"-c", "--ctx-size"}; the last one is the long name
+    std::string metavar;             // "" for on/off flags
+    std::string help;
+    std::function<void(const std::string& flag, const std::string& value)> set_value;
+    std::function<void(bool)> set_bool;
+
+    const std::string& long_name() const { return names.back(); }
+};
+
+[[noreturn]] void bad_value(const std::string& flag, const std::string& value,
+                            const std::string& expected) {
+    throw Error("invalid value '" + value + "' for " + flag + ": expected " + expected);
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi,
+                  const std::string& expected) {
+    errno = 0;
+    char* end = nullptr;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) bad_value(flag, v, expected);
+    return x;
+}
+
+float parse_float(const std::string& flag, const std::string& v, double lo, double hi,
+                  const std::string& expected) {
+    errno = 0;
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x) || x < lo || x > hi)
+        bad_value(flag, v, expected);
+    return static_cast<float>(x);
+}
+
+GgmlType parse_cache_type(const std::string& flag, const std::string& v) {
+    if (v == "f16") return TYPE_F16;
+    if (v == "q8_0") return TYPE_Q8_0;
+    bad_value(flag, v, "f16 or q8_0");
+}
+
+std::vector<Flag> make_flags(RunOptions& o) {
+    using S = const std::string&;
+    auto i32 = [](int32_t& dst, int64_t lo, int64_t hi, std::string expected) {
+        return [&dst, lo, hi, expected](S f, S v) {
+            dst = static_cast<int32_t>(parse_int(f, v, lo, hi, expected));
+        };
+    };
+    auto f32 = [](float& dst, double lo, double hi, std::string expected) {
+        return [&dst, lo, hi, expected](S f, S v) { dst = parse_float(f, v, lo, hi, expected); };
+    };
+    auto str = [](std::string& dst) { return [&dst](S, S v) { dst = v; }; };
+    auto on = [](bool& dst) { return [&dst](bool b) { dst = b; }; };
+    constexpr int64_t kMaxI32 = 2147483647;
+    return {
+        {{"-m", "--model"}, "FILE", "GGUF model file to run (required)", str(o.model), nullptr},
+        {{"--config"}, "FILE",
+         "JSON object of default flag values, keys are long flag names without dashes, e.g. "
+         "{\"ctx-size\": 8192, \"temp\": 0.2}; command-line flags override it",
+         str(o.config), nullptr},
+        {{"--tokenizer"}, "FILE",
+         "tokenizer.model to use instead of the vocabulary embedded in the model (must match it)",
+         str(o.tokenizer), nullptr},
+        {{"-p", "--prompt"}, "TEXT", "prompt to complete",
+         [&o](S, S v) { o.prompt = v; o.has_prompt = true; }, nullptr},
+        {{"-f", "--file"}, "FILE", "read the prompt from a text file", str(o.prompt_file), nullptr},
+        {{"-n", "--n-predict"}, "N", "tokens to generate; -1 = until end of text or context full (default -1)",
+         i32(o.n_predict, -1, kMaxI32, "an integer >= -1"), nullptr},
+        {{"-i", "--interactive"}, "", "interactive chat using the model's chat template", nullptr,
+         on(o.interactive)},
+        {{"--inspect"}, "", "print the model's metadata, tensor table, per-type totals and bits "
+         "per weight, then exit", nullptr, on(o.inspect)},
+        {{"-c", "--ctx-size"}, "N", "context length in tokens; 0 = the model's training context (default 4096)",
+         i32(o.ctx_size, 0, kMaxI32, "an integer >= 0"), nullptr},
+        {{"--temp"}, "T", "sampling temperature; 0 = greedy (default 0.8)",
+         f32(o.temp, 0, 100, "a number >= 0"), nullptr},
+        {{"--top-p"}, "P", "nucleus sampling: keep the smallest set of tokens with probability >= P; "
+         "1 = off (default 0.95)", f32(o.top_p, 0, 1, "a number between 0 and 1"), nullptr},
+        {{"--top-k"}, "K", "keep the K most likely tokens; 0 = off (default 40)",
+         i32(o.top_k, 0, kMaxI32, "an integer >= 0"), nullptr},
+        {{"--min-p"}, "P", "drop tokens below P times the most likely token's probability; 0 = off "
+         "(default 0.05)", f32(o.min_p, 0, 1, "a number between 0 and 1"), nullptr},
+        {{"--repeat-penalty"}, "X", "penalize tokens seen in the last --repeat-last-n; 1 = off "
+         "(default 1.0)", f32(o.repeat_penalty, 1e-6, 100, "a number > 0"), nullptr},
+        {{"--repeat-last-n"}, "N", "tokens considered by --repeat-penalty; -1 = whole context, 0 = "
+         "off (default 64)", i32(o.repeat_last_n, -1, kMaxI32, "an integer >= -1"), nullptr},
+        {{"-s", "--seed"}, "N", "random seed, 0 .. 4294967295; -1 = random (default -1)",
+         [&o](S f, S v) { o.seed = parse_int(f, v, -1, 4294967295LL, "an integer from -1 to 4294967295"); },
+         nullptr},
+        {{"-ngl", "--n-gpu-layers"}, "N", "layers to run on the GPU, the rest on the CPU; -1 = all "
+         "(default -1; ignored without CUDA)", i32(o.n_gpu_layers, -1, kMaxI32, "an integer >= -1"),
+         nullptr},
+        {{"-ctk", "--cache-type-k"}, "TYPE", "KV cache type for keys: f16 or q8_0 (default f16)",
+         [&o](S f, S v) { o.cache_type_k = parse_cache_type(f, v); }, nullptr},
+        {{"-ctv", "--cache-type-v"}, "TYPE", "KV cache type for values: f16 or q8_0 (default f16)",
+         [&o](S f, S v) { o.cache_type_v = parse_cache_type(f, v); }, nullptr},
+        {{"-fa", "--flash-attn"}, "", "use flash attention (CUDA)", nullptr, on(o.flash_attn)},
+        {{"--cuda-graph"}, "", "capture whole decode steps as CUDA graphs", nullptr, on(o.cuda_graph)},
+        {{"--no-mmap"}, "", "read the model into memory instead of mapping it", nullptr,
+         [&o](bool b) { o.use_mmap = !b; }},
+        {{"-np", "--parallel"}, "N", "independent sequences decoded together (default 1)",
+         i32(o.parallel, 1, 4096, "an integer from 1 to 4096"), nullptr},
+        {{"-b", "--batch-size"}, "N", "prompt tokens per forward pass (default 512)",
+         i32(o.batch_size, 1, kMaxI32, "an integer >= 1"), nullptr},
+        {{"--cache-prompt"}, "", "reuse the KV cache of a prompt prefix shared between requests",
+         nullptr, on(o.cache_prompt)},
+        {{"-t", "--threads"}, "N", "CPU threads; 0 = one per hardware thread (default 0)",
+         i32(o.threads, 0, 4096, "an integer from 0 to 4096"), nullptr},
+        {{"-h", "--help"}, "", "show this help and exit", nullptr, on(o.help)},
+    };
+}
+
+const Flag* find_flag(const std::vector<Flag>& flags, const std::string& name) {
+    for (const Flag& f : flags)
+        for (const std::string& n : f.names)
+            if (n == name) return &f;
+    return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+
+[[noreturn]] void unknown_flag(const std::vector<Flag>& flags, const std::string& name) {
+    std::string best;
+    size_t best_d = 3;
+    for (const Flag& f : flags) {
+        const size_t d = edit_distance(name, f.long_name());
+        if (d < best_d) {
+            best_d = d;
+            best = f.long_name();
+        }
+    }
+    throw Error("unknown flag '" + name + "'" + (best.empty() ? "" : " (did you mean " + best + "?)"));
+}
+
+// Applies a list of arguments (already split into tokens) to the options.
+void apply_args(const std::vector<Flag>& flags, const std::vector<std::string>& args) {
+    for (size_t k = 0; k < args.size(); ++k) {
+        const std::string& arg = args[k];
+        if (arg.size() < 2 || arg[0] != '-') {
+            throw Error("unexpected argument '" + arg +
+                        "'; flags start with '-' (to give a prompt use -p \"TEXT\")");
+        }
+        const size_t eq = arg.find('=');
+        const std::string name = arg.substr(0, eq);
+        const Flag* f = find_flag(flags, name);
+        if (!f) unknown_flag(flags, name);
+        if (f->set_bool) {
+            if (eq != std::string::npos)
+                throw Error(name + " takes no value (got '" + arg.substr(eq + 1) + "')");
+            f->set_bool(true);
+            continue;
+        }
+        std::string value;
+        if (eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+        } else if (k + 1 < args.size()) {
+            value = args[++k];
+        } else {
+            throw Error(name + " needs a value (" + f->metavar + ")");
+        }
+        f->set_value(name, value);
+    }
+}
+
+// Minimal JSON reader for a flat object of string/number/bool values (the --config file).
+class ConfigReader {
+public:
+    ConfigReader(std::string text, std::string path) : s_(std::move(text)), path_(std::move(path)) {}
+
+    // Returns (key, value as command-line text) pairs in file order; booleans as "true"/"false".
+    std::vector<std::pair<std::string, std::string>> read_object() {
+        std::vector<std::pair<std::string, std::string>> out;
+        expect('{');
+        if (peek() == '}') {
+            ++i_;
+        } else {
+            for (;;) {
+                std::string key = read_string();
+                expect(':');
+                out.emplace_back(key, read_value(key));
+                if (peek() == ',') {
+                    ++i_;
+                    continue;
+                }
+                expect('}');
+                break;
+            }
+        }
+        if (peek() != '\0') fail("unexpected text after the closing '}'");
+        return out;
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("--config " + path_ + ": " + what + " at byte " + std::to_string(i_) +
+                    "; the file must be one JSON object such as {\"ctx-size\": 4096, \"temp\": 0.2}");
+    }
+    char peek() {
+        while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+        return i_ < s_.size() ? s_[i_] : '\0';
+    }
+    void expect(char c) {
+        if (peek() != c) fail(std::string("expected '") + c + "'");
+        ++i_;
+    }
+    std::string read_string() {
+        expect('"');
+        std::string out;
+        while (i_ < s_.size() && s_[i_] != '"') {
+            char c = s_[i_++];
+            if (c == '\\') {
+                if (i_ >= s_.size()) break;
+                const char e = s_[i_++];
+                switch (e) {
+                    case 'n': c = '\n'; break;
+                    case 't': c = '\t'; break;
+                    case 'r': c = '\r'; break;
+                    case '"': case '\\': case '/': c = e; break;
+                    default: fail(std::string("unsupported escape '\\") + e + "'");
+                }
+            }
+            out += c;
+        }
+        if (i_ >= s_.size()) fail("unterminated string");
+        ++i_;
+        return out;
+    }
+    // Value as the text a command-line argument would carry; booleans as "true"/"false".
+    std::string read_value(const std::string& key) {
+        const char c = peek();
+        if (c == '"') return read_string();
+        const size_t start = i_;
+        while (i_ < s_.size() && std::string(",} \n\t\r").find(s_[i_]) == std::string::npos) ++i_;
+        const std::string tok = s_.substr(start, i_ - start);
+        if (tok == "true" || tok == "false") return tok;
+        if (!tok.empty() && (std::isdigit(static_cast<unsigned char>(tok[0])) || tok[0] == '-'))
+            return tok;
+        i_ = start;
+        fail("the value of \"" + key + "\" must be a string, a number, true or false");
+    }
+
+    std::string s_;
+    std::string path_;
+    size_t i_ = 0;
+};
+
+void apply_config(const std::vector<Flag>& flags, const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("--config " + path + ": cannot open the file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::vector<std::string> args;
+    for (const auto& [raw_key, value] : ConfigReader(ss.str(), path).read_object()) {
+        std::string key = raw_key;
+        for (char& ch : key)
+            if (ch == '_') ch = '-';
+        const Flag* f = find_flag(flags, "--" + key);
+        if (!f || key == "config")
+            throw Error("--config " + path + ": unknown key \"" + raw_key + "\"; keys are long flag "
+                        "names without dashes, e.g. \"ctx-size\"");
+        if (f->set_bool) {
+            if (value != "true" && value != "false")
+                throw Error("--config " + path + ": \"" + raw_key + "\" must be true or false");
+            f->set_bool(value == "true");
+        } else {
+            f->set_value("\"" + raw_key + "\" in " + path, value);
+        }
+    }
+}
+
+}  // namespace
+
+RunOptions parse_run_args(int argc, const char* const* argv) {
+    RunOptions o;
+    const std::vector<Flag> flags = make_flags(o);
+    std::vector<std::string> args(argv + 1, argv + argc);
+
+    // --config is applied first so that every other command-line flag overrides it.
+    RunOptions probe;
+    apply_args(make_flags(probe), args);
+    if (!probe.config.empty()) apply_config(flags, probe.config);
+    apply_args(flags, args);
+
+    if (o.help) return o;
+    if (o.model.empty()) throw Error("--model is required (the GGUF file to run)");
+    if (o.has_prompt && !o.prompt_file.empty())
+        throw Error("-p/--prompt and -f/--file cannot be used together; give the prompt one way");
+    if (o.interactive && o.inspect) throw Error("--interactive and --inspect cannot be used together");
+    return o;
+}
+
+namespace {
+
+std::string synopsis(const std::string& prog) {
+    return "usage: " + prog + " -m MODEL.gguf [-p PROMPT | -f FILE | -i] [options]\n"
+           "       " + prog + " -m MODEL.gguf --inspect\n";
+}
+
+constexpr size_t kHelpIndent = 30;
+constexpr size_t kHelpWidth = 100;
+
+// Word-wraps a help text to kHelpWidth columns, continuation lines indented by kHelpIndent.
+std::string wrap(const std::string& text) {
+    std::string out, word;
+    size_t col = kHelpIndent;
+    std::istringstream in(text);
+    while (in >> word) {
+        if (col > kHelpIndent && col + 1 + word.size() > kHelpWidth) {
+            out += "\n" + std::string(kHelpIndent, ' ');
+            col = kHelpIndent;
+        } else if (col > kHelpIndent) {
+            out += ' ';
+            ++col;
+        }
+        out += word;
+        col += word.size();
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string run_usage(const std::string& prog) {
+    return synopsis(prog) + "run '" + prog + " --help' for every flag\n";
+}
+
+std::string run_help(const std::string& prog) {
+    RunOptions o;
+    std::string out = "bonsai_run: run a GGUF model (PTQ1_0 and other ternary or 8-bit types) "
+                      "with the bonsai-runner engine.\n\n" + synopsis(prog) +
+                      "\nflags (values follow the flag or '='):\n";
+    for (const Flag& f : make_flags(o)) {
+        std::string names;
+        for (const std::string& n : f.names) names += (names.empty() ? "" : ", ") + n;
+        if (!f.metavar.empty()) names += " " + f.metavar;
+        std::string line = "  " + names;
+        if (line.size() < kHelpIndent) line.resize(kHelpIndent, ' ');
+        else line += "\n" + std::string(kHelpIndent, ' ');
+        out += line + wrap(f.help) + "\n";
+    }
+    out += "\nexamples:\n"
+           "  " + prog + " -m model.gguf -p \"Write a haiku about trees\" -n 64\n"
+           "  " + prog + " -m model.gguf -i -c 8192 --temp 0.7 --top-p 0.9\n"
+           "  " + prog + " -m model.gguf -f prompt.txt -ngl 99 -fa -ctk q8_0 -ctv q8_0\n"
+           "  " + prog + " -m model.gguf --inspect\n";
+    return out;
+}
+
+}  // namespace bonsai
