@@ -144,18 +144,13 @@ class ReferenceModel:
         """Loads and dequantizes every tensor of a GGUF file."""
         from .gguf_reader import open_gguf
 
-        gf = open_gguf(str(path))
-        metadata = dict(gf.metadata)
-        rotated = sorted(k for k in metadata if k.startswith("prism.hadamard."))
-        if rotated:
-            raise BonsaiError(f"{path}: weights are Hadamard-rotated ({rotated[0]}); the "
-                              "reference forward does not apply the activation rotation")
-        weights = {}
-        for t in gf.tensors:
-            weights[t.name] = _dequantize_tensor(t, gf.tensor_data(t.name))
-        close = getattr(gf, "close", None)
-        if close is not None:
-            close()
+        with open_gguf(path) as gf:
+            metadata = dict(gf.metadata)
+            rotated = sorted(k for k in metadata if k.startswith("prism.hadamard."))
+            if rotated:
+                raise BonsaiError(f"{path}: weights are Hadamard-rotated ({rotated[0]}); the "
+                                  "reference forward does not apply the activation rotation")
+            weights = {t.name: _dequantize_tensor(gf, t) for t in gf.tensors}
         embd = weights.get("token_embd.weight")
         if embd is None:
             raise BonsaiError(f"{path}: tensor token_embd.weight is missing")
@@ -332,28 +327,24 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, scale: 
     return np.einsum("hgts,shd->thgd", p, v).reshape(n_tok, n_head * dv)
 
 
-def _dequantize_tensor(t, data: np.ndarray) -> np.ndarray:
-    """float32 values of one GGUF tensor in numpy shape order."""
-    from .ggml_types import TYPES
-
-    shape = tuple(int(s) for s in t.shape)
-    name = str(t.type_name).lower()
-    if name in TYPES:
-        from . import quants
-
-        values = quants.dequantize(data, TYPES[name].name, shape)
+def _dequantize_tensor(gf, t) -> np.ndarray:
+    """float32 values of one GGUF tensor in numpy shape order (F32 tensors stay views of the
+    mapping, which the reader keeps alive)."""
+    if t.engine_type is not None:
+        values = gf.dequantize_tensor(t.name)
     else:
         import gguf
 
         try:
-            qtype = gguf.GGMLQuantizationType[str(t.type_name).upper()]
-        except KeyError:
-            raise BonsaiError(f"tensor {t.name}: type {t.type_name} cannot be dequantized "
-                              "(neither bonsai_runner.quants nor the gguf package knows it)") from None
+            qtype = gguf.GGMLQuantizationType(t.file_id)
+        except ValueError:
+            raise BonsaiError(f"tensor {t.name}: type {t.type_name} (id {t.file_id}) cannot be "
+                              "dequantized by bonsai_runner.quants or the gguf package") from None
+        shape = tuple(int(s) for s in t.shape)
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        raw = np.asarray(data, dtype=np.uint8).reshape(rows, -1)
-        values = gguf.quants.dequantize(raw, qtype)
-    return np.array(values, dtype=np.float32).reshape(shape)  # a copy: never a view of the file
+        raw = np.asarray(gf.tensor_bytes(t.name)).reshape(rows, -1)
+        values = gguf.quants.dequantize(raw, qtype).reshape(shape)
+    return np.asarray(values, dtype=np.float32)
 
 
 def _as_str(value) -> str:
