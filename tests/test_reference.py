@@ -40,6 +40,25 @@ def test_matches_independent_hf_forward(tmp_path, arch, scaling, tied):
     assert _rel(ours, hf_logits(cfg, _f32(w), TOKENS)) < 1e-10
 
 
+@pytest.mark.parametrize("arch,tokenizer,extra", [
+    ("llama", "spm", {}), ("llama", "spm", {"tied": True, "n_head_kv": 4}),
+    ("llama", "bpe", {"rope_scaling": {"type": "linear", "factor": 2.0}}),
+    ("qwen2", "bpe", {}), ("qwen2", "bpe", {"tied": True}), ("qwen3", "bpe", {})])
+def test_converted_hf_model_matches_hf_forward(tmp_path, arch, tokenizer, extra):
+    """Our converter's output (F32, lossless from the F16 checkpoint) under the reference equals
+    the HF-layout forward on the checkpoint itself: converter permutation and reference rope agree."""
+    from conftest import run_cli
+    from model_factory import make_hf_model
+
+    info = make_hf_model(tmp_path / "hf", arch=arch, tokenizer=tokenizer, seed=5, **extra)
+    out = tmp_path / "m.gguf"
+    run_cli("convert", tmp_path / "hf", "--outfile", out, "--outtype", "f32", check=True)
+    tokens = [t % info["n_vocab"] for t in TOKENS]
+    ours = ReferenceModel.from_gguf(out).logits(tokens)
+    weights = {k: np.asarray(v, dtype=np.float64) for k, v in info["tensors"].items()}
+    assert _rel(ours, hf_logits(info["config"], weights, tokens)) < 1e-10
+
+
 def test_llama_without_the_qk_permutation_does_not_match(tmp_path):
     """Guards the test above: the permutation (normal-mode rope) is what makes llama agree."""
     cfg, w = make_hf_weights("llama")
