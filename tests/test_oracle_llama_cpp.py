@@ -8,12 +8,15 @@ Q2_0. llama-cpp-python loads each file (so its metadata, tokenizer included, is 
 expects) and its logits over a short sequence are compared with bonsai_runner.reference run on the
 same file's dequantized weights.
 
-Tolerances. llama.cpp is run with an F32 KV cache and without flash attention, so the remaining
-differences come from its matmuls: F32 weights are multiplied in float32 (relative error ~1e-6);
-F16 weights are multiplied with the activations rounded to fp16 (relative error ~5e-4 per product);
-Q8_0, Q2_0 and TQ2_0 weights are multiplied with the activations quantized to 8 bits per block
-(Q8_0 / Q8_K, relative error up to ~4e-3 per element), so only the ranking and the shape of the
-logits are compared there: top-1 agreement and correlation.
+Tolerances (max |llama.cpp - reference| / max |reference| measured on these fixtures in brackets).
+llama.cpp is run with an F32 KV cache and without flash attention, so the differences come from its
+matmuls: F32 weights are multiplied in float32 [6e-7; bound 1e-5]; F16 weights with the
+activations rounded to fp16 [1.1e-3; bound 3e-3]. Q8_0, Q2_0 and TQ2_0 weights are multiplied with
+the activations quantized to 8 bits per block (Q8_0 / Q8_K: up to 0.4% per element, compounded over
+the layers of a random model): [Q8_0 3e-2, ternary 1.2e-2; bounds 6e-2 / 3e-2]. There, near-tied
+logits of the random models may swap ranks (top-1 agreement measured 0.93-1.0; bound 0.85), and
+the logits must stay correlated (1 - r measured <= 2.3e-4; bound 1e-3). A wrong block layout or
+element order gives r near 0 and relative errors near 1.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
+from bonsai_runner.gguf_reader import open_gguf
 from model_factory import make_hf_model
 from tiny_gguf import make_hf_weights, write_gguf
 
@@ -81,7 +85,7 @@ def test_reference_conventions_match_llama_cpp(tmp_path, arch, variant):
     assert rel < 1e-5, f"max |llama.cpp - reference| / max |reference| = {rel:.3g}"
 
 
-@pytest.mark.parametrize("outtype,tol", [("f32", 1e-4), ("f16", 3e-3)])
+@pytest.mark.parametrize("outtype,tol", [("f32", 1e-5), ("f16", 3e-3)])
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_float_files_match_tightly(tmp_path_factory, arch, outtype, tol):
     theirs, ours = _both_logits(_convert(tmp_path_factory, arch, outtype, ternary=False))
@@ -90,13 +94,18 @@ def test_float_files_match_tightly(tmp_path_factory, arch, outtype, tol):
     assert (theirs.argmax(1) == ours.argmax(1)).all()
 
 
-@pytest.mark.parametrize("outtype,ternary", [("q8_0", False), ("tq2_0", True), ("q2_0", True)])
+@pytest.mark.parametrize("outtype,ternary,tol", [("q8_0", False, 6e-2), ("tq2_0", True, 3e-2),
+                                                 ("q2_0", True, 3e-2)])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_quantized_files_agree(tmp_path_factory, arch, outtype, ternary):
-    theirs, ours = _both_logits(_convert(tmp_path_factory, arch, outtype, ternary=ternary))
+def test_quantized_files_agree(tmp_path_factory, arch, outtype, ternary, tol):
+    path = _convert(tmp_path_factory, arch, outtype, ternary=ternary)
+    with open_gguf(path) as g:
+        types = {t.type_name for t in g.tensors if t.name.endswith("ffn_up.weight")}
+    assert types == {outtype.upper()}, types
+    theirs, ours = _both_logits(path)
     agree = np.mean(theirs.argmax(1) == ours.argmax(1))
     corr = np.corrcoef(theirs.ravel(), ours.ravel())[0, 1]
     rel = np.abs(theirs - ours).max() / np.abs(ours).max()
-    assert agree >= 0.9, f"top-1 agreement {agree:.2f}"
-    assert corr > 0.999, f"correlation {corr:.6f}"
-    assert rel < 0.05, f"max relative difference {rel:.3g}"
+    assert agree >= 0.85, f"top-1 agreement {agree:.2f}"
+    assert 1.0 - corr < 1e-3, f"correlation {corr:.6f}"
+    assert rel < tol, f"max |llama.cpp - reference| / max |reference| = {rel:.3g}"
