@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run_cli
 from bonsai_runner.gguf_reader import open_gguf
+from conftest import run_cli
 from model_factory import make_hf_model
 from tiny_gguf import make_hf_weights, write_gguf
 

@@ -1,12 +1,17 @@
 """The real model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M from PyPI) through our converter.
 
-Converted to F16 and Q8_0 with `bonsai convert`: `bonsai inspect` describes both; every F16 tensor
+Converted to F16 with `bonsai convert` and to Q8_0 with scripts/fetch_real_model.py: `bonsai inspect` describes both; every F16 tensor
 is exactly the gguf package's dequantization of the Q4_K_M tensor rounded to fp16; llama-cpp-python
 (upstream llama.cpp) runs our F16 file with the same logits as the float64 numpy reference; and it
 tokenizes with our F16 file exactly as with the original file, so the tokenizer metadata survived.
 """
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -17,7 +22,9 @@ from real_model import real_model_path  # noqa: F401  (session fixture)
 
 pytestmark = pytest.mark.real_model
 
-N_PARAMS = 630_167_424  # elements in the file: the tied-looking head is stored separately (Q8_0)
+REPO = Path(__file__).resolve().parent.parent
+
+N_PARAMS = 630_167_424  # elements in the file (its output head is stored, not tied)
 TEXT = ("def quicksort(items):\n    \"\"\"Sort a list with the quicksort algorithm.\"\"\"\n"
         "    if len(items) <= 1:\n        return items\n    pivot = items[len(items) // 2]\n"
         "    left = [x for x in items if x < pivot]\n")
@@ -47,19 +54,38 @@ def f16_path(real_model_path, tmp_path_factory):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def q8_0_path(real_model_path, tmp_path_factory):  # noqa: F811
-    return _convert(real_model_path, tmp_path_factory.mktemp("real_q8_0"), "q8_0")
+    """Made by scripts/fetch_real_model.py --convert q8_0 (the README's first command) in a cache
+    directory that already holds the model (a symlink), so nothing is downloaded again."""
+    cache = tmp_path_factory.mktemp("real_cache")
+    (cache / real_model_path.name).symlink_to(real_model_path)
+    cmd = [sys.executable, str(REPO / "scripts" / "fetch_real_model.py"), "--cache", str(cache),
+           "--convert", "q8_0"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr
+    out = cache / "qwen2.5-coder-0.5b-instruct-q8_0.gguf"
+    assert first.stdout.split() == [str(cache / real_model_path.name), str(out)]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "already exists" in again.stderr, again.stderr
+    return out
 
 
-@pytest.mark.parametrize("outtype,bytes_per_param", [("f16", (1.95, 2.1)), ("q8_0", (1.0, 1.5))])
-def test_inspect_describes_the_converted_model(request, outtype, bytes_per_param):
+@pytest.mark.parametrize("outtype,linear_bpw,file_bpw", [("f16", 16.0, (16.0, 16.2)),
+                                                         ("q8_0", 8.5, (8.5, 8.7))])
+def test_inspect_describes_the_converted_model(request, outtype, linear_bpw, file_bpw):
     path = request.getfixturevalue(f"{outtype}_path")
-    size = path.stat().st_size
-    lo, hi = bytes_per_param
-    assert lo * N_PARAMS < size < hi * N_PARAMS, f"{path.name}: {size} bytes is implausible"
-    out = run_cli("inspect", path, check=True).stdout
-    assert "qwen2" in out
-    assert "24" in out and ("151936" in out or "151,936" in out)
-    assert outtype.upper() in out
+    text = run_cli("inspect", "--no-tensors", path, check=True).stdout
+    assert "qwen2" in text and "151936" in text
+    report = json.loads(run_cli("inspect", "--json", "--no-tensors", path, check=True).stdout)
+    arch = report["architecture"]
+    assert (arch["arch"], arch["block_count"], arch["vocab_size"]) == ("qwen2", 24, 151936)
+    assert (arch["embedding_length"], arch["head_count"], arch["head_count_kv"]) == (896, 14, 2)
+    assert report["file_size"] == path.stat().st_size
+    assert report["bpw"]["total_elements"] == N_PARAMS
+    assert set(report["types"]) == {outtype.upper(), "F32"}
+    assert report["bpw"]["linear"] == pytest.approx(linear_bpw)
+    assert file_bpw[0] < report["bpw"]["file"] < file_bpw[1]
+    assert report["bpw"]["file"] * N_PARAMS / 8 == pytest.approx(report["file_size"])
+    assert report["unsupported"] == {}
 
 
 def test_f16_tensors_are_the_rounded_dequantized_q4_k_m(real_model_path, f16_path):  # noqa: F811
