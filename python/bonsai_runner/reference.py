@@ -150,11 +150,12 @@ class ReferenceModel:
             if rotated:
                 raise BonsaiError(f"{path}: weights are Hadamard-rotated ({rotated[0]}); the "
                                   "reference forward does not apply the activation rotation")
+            embd = [t for t in gf.tensors if t.name == "token_embd.weight"]
+            if not embd:
+                raise BonsaiError(f"{path}: tensor token_embd.weight is missing")
+            hparams = Hparams.from_metadata(metadata, int(embd[0].shape[0]))
             weights = {t.name: _dequantize_tensor(gf, t) for t in gf.tensors}
-        embd = weights.get("token_embd.weight")
-        if embd is None:
-            raise BonsaiError(f"{path}: tensor token_embd.weight is missing")
-        return cls(Hparams.from_metadata(metadata, embd.shape[0]), weights)
+        return cls(hparams, weights)
 
     # -- weights ---------------------------------------------------------------------------------
 
@@ -190,10 +191,7 @@ class ReferenceModel:
                              b + "attn_v.bias": (v_out,), b + "attn_output.bias": (hp.n_embd,),
                              b + "ffn_gate.bias": (hp.n_ff,), b + "ffn_up.bias": (hp.n_ff,),
                              b + "ffn_down.bias": (hp.n_embd,)})
-        problems = []
-        for name, shape in expected.items():
-            if name not in self.weights:
-                problems.append(f"missing tensor {name}")
+        problems = [f"missing tensor {name}" for name in expected if name not in self.weights]
         for name, shape in {**expected, **optional}.items():
             w = self.weights.get(name)
             if w is not None and tuple(w.shape) != shape:
