@@ -142,3 +142,35 @@ def test_missing_and_misshaped_tensors_are_named(tmp_path):
 def test_out_of_range_token_is_refused(tiny_model):
     with pytest.raises(BonsaiError, match="out of range"):
         tiny_model.logits([0, VOCAB])
+
+
+@pytest.fixture(scope="module")
+def ternary_checkpoint(tmp_path_factory):
+    """A ternary qwen3 checkpoint (every linear weight s x {-1, 0, +1}, 256 per scale) and the
+    reference logits of its lossless F32 conversion."""
+    from conftest import run_cli
+    from model_factory import make_hf_model
+
+    base = tmp_path_factory.mktemp("ternary")
+    info = make_hf_model(base / "hf", arch="qwen3", tokenizer="bpe", hidden=256, ffn=512,
+                         ternary=True, group=256, seed=9)
+    out = base / "f32.gguf"
+    run_cli("convert", base / "hf", "--outfile", out, "--outtype", "f32", check=True)
+    tokens = [t % info["n_vocab"] for t in TOKENS]
+    return base / "hf", tokens, ReferenceModel.from_gguf(out).logits(tokens)
+
+
+@pytest.mark.parametrize("outtype", ["ptq1_0", "pq2_0", "tq1_0"])
+def test_ternary_types_dequantize_to_the_same_model(ternary_checkpoint, tmp_path, outtype):
+    """Packing exact ternary weights is lossless, so the reference on the packed file (through
+    bonsai_runner.quants) computes bit-identical logits. (TQ2_0 and Q2_0 are compared with
+    llama.cpp in test_oracle_llama_cpp.py.)"""
+    from bonsai_runner.gguf_reader import open_gguf
+    from conftest import run_cli
+
+    src, tokens, want = ternary_checkpoint
+    out = tmp_path / f"{outtype}.gguf"
+    run_cli("convert", src, "--outfile", out, "--outtype", outtype, check=True)
+    with open_gguf(out) as g:
+        assert g.tensor("blk.0.attn_q.weight").type_name == outtype.upper()
+    np.testing.assert_array_equal(ReferenceModel.from_gguf(out).logits(tokens), want)
