@@ -552,7 +552,7 @@ def test_bonsai_run_inspect_and_refusals(tmp_path):
     assert p2.returncode == 0 and p2.stdout == p.stdout
 
     p = run_bonsai_run("-m", path, "-p", "hello")
-    assert p.returncode == 1 and "not available" in p.stderr and p.stderr.count("\n") == 1
+    assert p.returncode == 1 and "llama.context_length" in p.stderr and p.stderr.count("\n") == 1
 
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGML" + bytes(60))

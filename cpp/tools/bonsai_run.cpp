@@ -9,6 +9,7 @@
 
 #include "bonsai/cli_args.h"
 #include "bonsai/error.h"
+#include "bonsai/generate.h"
 #include "bonsai/gguf.h"
 #include "bonsai/inspect.h"
 
@@ -32,12 +33,7 @@ int main(int argc, char** argv) {
             std::fputs(bonsai::format_inspect(*model).c_str(), stdout);
             return 0;
         }
-        std::fprintf(stderr,
-                     "%s: error: text generation is not available in this build of bonsai-runner "
-                     "yet (the inference engine has not landed); '%s' is a valid GGUF file, see "
-                     "its contents with --inspect\n",
-                     prog.c_str(), opts.model.c_str());
-        return 1;
+        return bonsai::run_generate(opts);
     } catch (const bonsai::Error& e) {
         std::fprintf(stderr, "%s: error: %s\n", prog.c_str(), e.what());
         return 1;

@@ -9,5 +9,7 @@ void bind_types(pybind11::module_& m);   // type table, build information, the E
 void bind_quants(pybind11::module_& m);  // reference quantize / dequantize
 void bind_gguf(pybind11::module_& m);    // GGUF reader
 void bind_vocab(pybind11::module_& m);   // tokenizers
+void bind_ops(pybind11::module_& m);     // matmul / get_rows kernels, CPU paths
+void bind_model(pybind11::module_& m);   // Model, Context, Sampler
 
 }  // namespace bonsai_py

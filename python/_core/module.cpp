@@ -10,4 +10,6 @@ PYBIND11_MODULE(_core, m) {
     bonsai_py::bind_quants(m);
     bonsai_py::bind_gguf(m);
     bonsai_py::bind_vocab(m);
+    bonsai_py::bind_ops(m);
+    bonsai_py::bind_model(m);
 }

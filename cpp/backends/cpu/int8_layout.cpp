@@ -1,0 +1,106 @@
+// Slot maps of the unit layout (see int8_layout.h), built once from the element order of
+// bonsai/quant_blocks.h.
+#include "int8_layout.h"
+
+#include <vector>
+
+#include "block_unpack.h"
+
+namespace bonsai::cpu {
+
+namespace {
+
+// Element of the unit held by code vector v, byte p; -1 for padding.
+int slot_element(GgmlType type, int v, int p) {
+    switch (type) {
+        case TYPE_PTQ1_0: {
+            const int g = p / 32, k = p % 32, n = v;
+            int e;
+            if (k < 16) e = 16 * n + k;
+            else if (k < 24) e = 80 + 8 * n + (k - 16);
+            else if (k < 26 && n < 4) e = 120 + 2 * n + (k - 24);
+            else return -1;
+            return 128 * g + e;
+        }
+        case TYPE_TQ1_0: {
+            const int n = v;
+            if (p < 32) return 32 * n + p;
+            const int k = p - 32;
+            if (k < 16) return 160 + 16 * n + k;
+            if (k < 20 && n < 4) return 240 + 4 * n + (k - 16);
+            return -1;
+        }
+        case TYPE_TQ2_0: {
+            const int h = p / 32, m = p % 32, l = v;
+            return 128 * h + 32 * l + m;
+        }
+        case TYPE_Q2_0: {
+            const int g = p / 16, k = p % 16;
+            return 64 * g + 4 * k + v;
+        }
+        case TYPE_Q2_0_G128:
+        case TYPE_PQ2_0: {
+            const int g = p / 32, k = p % 32;
+            return 128 * g + 4 * k + v;
+        }
+        case TYPE_Q4_0: {
+            const int g = p / 16, k = p % 16;
+            return 32 * g + k + 16 * v;
+        }
+        case TYPE_Q8_0: {
+            const int g = p / 32, k = p % 32;
+            return 32 * g + k;
+        }
+        default:
+            return -1;
+    }
+}
+
+struct LayoutEntry {
+    Int8Layout layout;
+    std::vector<int16_t> map;
+};
+
+LayoutEntry make_entry(GgmlType type, int G, int C, int off, bool is_signed) {
+    LayoutEntry e;
+    const BlockInfo* bi = block_info(type);
+    e.map.resize(static_cast<size_t>(C) * 64);
+    for (int v = 0; v < C; ++v)
+        for (int p = 0; p < 64; ++p) e.map[v * 64 + p] = static_cast<int16_t>(slot_element(type, v, p));
+    e.layout = Int8Layout{G, C, off, is_signed, bi->elems, bi->bytes, bi->d_offset, nullptr};
+    return e;
+}
+
+const LayoutEntry* entries() {
+    static const LayoutEntry table[] = {
+        make_entry(TYPE_PTQ1_0, 2, 5, 1, false),     make_entry(TYPE_TQ1_0, 1, 5, 1, false),
+        make_entry(TYPE_TQ2_0, 1, 4, 1, false),      make_entry(TYPE_Q2_0, 4, 4, 1, false),
+        make_entry(TYPE_Q2_0_G128, 2, 4, 1, false),  make_entry(TYPE_PQ2_0, 2, 4, 1, false),
+        make_entry(TYPE_Q4_0, 4, 2, 8, false),       make_entry(TYPE_Q8_0, 2, 1, 0, true),
+    };
+    return table;
+}
+
+}  // namespace
+
+const Int8Layout* int8_layout(GgmlType type) {
+    static const struct Table {
+        Int8Layout l[8];
+        GgmlType t[8];
+        Table() {
+            const LayoutEntry* e = entries();
+            const GgmlType types[8] = {TYPE_PTQ1_0, TYPE_TQ1_0, TYPE_TQ2_0, TYPE_Q2_0,
+                                       TYPE_Q2_0_G128, TYPE_PQ2_0, TYPE_Q4_0, TYPE_Q8_0};
+            for (int i = 0; i < 8; ++i) {
+                l[i] = e[i].layout;
+                l[i].slot_map = e[i].map.data();
+                t[i] = types[i];
+            }
+        }
+    } table;
+    for (int i = 0; i < 8; ++i)
+        if (table.t[i] == type) return &table.l[i];
+    return nullptr;
+}
+
+}  // namespace bonsai::cpu

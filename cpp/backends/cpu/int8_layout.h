@@ -1,0 +1,44 @@
+// The "unit" layout shared by the SIMD INT8 kernels and the activation quantizer.
+//
+// A unit is G consecutive weight blocks (G = 1, 2 or 4) whose integer codes fill C code vectors of
+// 64 bytes each: block g of the unit owns bytes [64g/G, 64(g+1)/G) of every code vector, i.e. whole
+// 128-bit chunks. Codes are unsigned (trit + 1, 2-bit code, Q4_0 nibble; the weight is code - off)
+// except for Q8_0, whose codes are the signed weights themselves (off = 0, is_signed).
+// The kernels produce codes in whatever order is cheapest to unpack (e.g. trit n of every byte of
+// a PTQ1_0 block in vector n); the activation quantizer writes each token's int8 activations in
+// the same slot order (slot_map), zeros in padding slots, so the integer dot product of a block is
+//   isum = sum_slots code * a_slot - off * asum_block
+// and equals the element-order dot product exactly. AVX-512 handles a code vector as one zmm,
+// AVX2 as two ymm halves.
+//
+// Per type (v = code vector, p = byte in it, e = element inside the unit):
+//   PTQ1_0    G=2 C=5: p = 32g + k, v = trit n of block byte k (k < 26)
+//   TQ1_0     G=1 C=5: p < 32: trit n of qs[p]; p >= 32: trit n of block byte 32 + (p - 32), < 52
+//   TQ2_0     G=1 C=4: p = qs byte (0..63), v = 2-bit field l
+//   Q2_0      G=4 C=4: p = 16g + k, v = 2-bit field l of qs[k]
+//   Q2_0_G128, PQ2_0 G=2 C=4: p = 32g + k, v = 2-bit field l of qs[k]
+//   Q4_0      G=4 C=2: p = 16g + k, v = 0 low nibble, 1 high nibble of qs[k]
+//   Q8_0      G=2 C=1: p = 32g + k, signed qs[k]
+#pragma once
+
+#include <cstdint>
+
+#include "bonsai/types.h"
+
+namespace bonsai::cpu {
+
+struct Int8Layout {
+    int G;             // blocks per unit
+    int C;             // 64-byte code vectors per unit
+    int off;           // weight = code - off (0 for the signed Q8_0 codes)
+    bool is_signed;    // codes are signed weights (Q8_0)
+    int block_elems;   // elements per block
+    int block_bytes;   // bytes per block
+    int d_offset;      // byte offset of the fp16 scale inside the block
+    const int16_t* slot_map;  // C*64 entries: element index inside the unit, or -1 for padding
+};
+
+// Layout of a quantized type the INT8 kernels run; nullptr for anything else.
+const Int8Layout* int8_layout(GgmlType type);
+
+}  // namespace bonsai::cpu

@@ -1,0 +1,26 @@
+// CPU implementations of the building blocks declared in cpp/src/layers.h (one file per concept:
+// norm.cpp, rope.cpp, activation.cpp, softmax.cpp, attention.cpp). Arguments are trusted here;
+// the entry points in layers.cpp validate them.
+#pragma once
+
+#include <cstdint>
+
+#include "bonsai/kv_cache.h"
+
+namespace bonsai {
+struct AttentionArgs;
+struct RopeParams;
+
+namespace cpu {
+
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y);
+void rope_table(const int32_t* pos, int64_t n_tokens, const RopeParams& p, float* cos_sin);
+void rope_head(float* x, const RopeParams& p, const float* cos_sin);
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+// Softmax of x[0..n) in place; returns nothing, x sums to 1 afterwards.
+void softmax(float* x, int64_t n);
+// Attention of token t against kv head hkv: writes the n_head / n_head_kv query heads that read it.
+void attention_group(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch);
+
+}  // namespace cpu
+}  // namespace bonsai

@@ -1,0 +1,13 @@
+// CPU backend entry points of the matrix ops (called by src/ops.cpp after shape validation).
+#pragma once
+
+#include "bonsai/ops.h"
+
+namespace bonsai::cpu {
+
+void matmul_cpu(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool,
+                CpuPath path);
+
+void get_rows_cpu(const WeightView& w, const int32_t* ids, int64_t n, float* out);
+
+}  // namespace bonsai::cpu

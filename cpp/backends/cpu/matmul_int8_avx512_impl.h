@@ -1,0 +1,395 @@
+// AVX-512 VNNI INT8 matmul kernel body, included by matmul_int8_avx512.cpp (base-3 bytes unpacked
+// with 16-bit multiplies, AVX-512 F/BW/VL/VNNI) and matmul_int8_avx512_vbmi.cpp (base-3 bytes
+// unpacked with byte-table lookups, + AVX-512 VBMI). Both give the same codes, hence the same results.
+// The includer defines BONSAI_AVX512_TARGET (target attribute string), BONSAI_TRIT_LUT (0 or 1) and
+// BONSAI_AVX512_ENTRY (name of the entry function).
+//
+// Weights are read one unit at a time (int8_layout.h): the unit's bytes go into a zmm, the codes are
+// unpacked into C zmm vectors and multiplied with the token's slot-ordered activations by vpdpbusd
+// (unsigned code x signed activation, exact int32). Base-3 bytes: trit n of byte b is
+// ((b * 3^n mod 256) * 3) >> 8. Without VBMI: a 16-bit multiply by 3^n << 8 leaves (b * 3^n mod 256)
+// of the even byte in the high byte (the odd byte is masked to the high byte and multiplied by
+// 3^n), and vpmulhuw by 3 (or 3 << 8) takes the trit. With VBMI: two vpermi2b lookups into a
+// 256-byte table of trit n (built from the same rule) and a blend on the byte's top bit.
+// 2-bit and 4-bit codes are shifts and masks; Q8_0 uses |w| and the activation negated where w < 0.
+//
+// Tiles: one token computes 4 rows x 1 token, sharing the activation loads and prefetching the
+// rows of the following tiles; 2 or more tokens go through 1 row x up to 16 token tiles (token
+// tiles outside, rows inside), unpacking each unit once for all of them. The four int32
+// accumulators of a group are reduced together (an unpack/add transpose) to one int32 per
+// (block, output), then acc = fma(d_b, isum_b - off * asum_b, acc) block after block, and
+// y = acc * s: exactly the scalar kernel's operations, so the results are bit-identical to it.
+#pragma once
+
+// GCC 12 warns about the deliberately undefined pass-through operands inside its AVX-512 headers.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "block_unpack.h"
+#include "bonsai/quants.h"
+#include "matmul_kernels.h"
+
+#define BONSAI_AVX512 __attribute__((target(BONSAI_AVX512_TARGET)))
+
+namespace bonsai::cpu {
+
+namespace {
+
+// Decode prefetches the same unit kPrefetchRows rows ahead (the next tiles): a tile's rows are
+// short and contiguous, so this runs ahead of the whole tile.
+constexpr int kPrefetchRows = 16;
+
+#if BONSAI_TRIT_LUT
+struct TritTables {
+    alignas(64) uint8_t t[5][256];  // t[n][b] = trit n of byte b (0, 1, 2)
+    TritTables() {
+        const int pow3[5] = {1, 3, 9, 27, 81};
+        for (int n = 0; n < 5; ++n)
+            for (int b = 0; b < 256; ++b) t[n][b] = static_cast<uint8_t>((static_cast<uint8_t>(b * pow3[n]) * 3) >> 8);
+    }
+};
+const TritTables kTrits;
+
+BONSAI_AVX512 inline void trits5(__m512i src, __m512i* c) {
+    const __mmask64 top = _mm512_movepi8_mask(src);
+    for (int n = 0; n < 5; ++n) {
+        const __m512i* t = reinterpret_cast<const __m512i*>(kTrits.t[n]);
+        const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t), src, _mm512_load_si512(t + 1));
+        const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), src, _mm512_load_si512(t + 3));
+        c[n] = _mm512_mask_blend_epi8(top, lo, hi);
+    }
+}
+#else
+BONSAI_AVX512 inline void trits5(__m512i src, __m512i* c) {
+    const __m512i hi_mask = _mm512_set1_epi16(static_cast<short>(0xFF00));
+    const __m512i three = _mm512_set1_epi16(3);
+    const __m512i three_hi = _mm512_set1_epi16(3 << 8);
+    const __m512i odd = _mm512_and_si512(src, hi_mask);
+    constexpr short pow3[5] = {1, 3, 9, 27, 81};
+    for (int n = 0; n < 5; ++n) {
+        const __m512i pe = n == 0 ? _mm512_slli_epi16(src, 8)
+                                  : _mm512_mullo_epi16(src, _mm512_set1_epi16(static_cast<short>(pow3[n] << 8)));
+        const __m512i po = n == 0 ? odd : _mm512_mullo_epi16(odd, _mm512_set1_epi16(pow3[n]));
+        const __m512i te = _mm512_mulhi_epu16(pe, three);
+        const __m512i to = _mm512_mulhi_epu16(po, three_hi);
+        c[n] = _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);  // te | (to & hi_mask)
+    }
+}
+#endif
+
+BONSAI_AVX512 inline void fields2(__m512i src, __m512i* c) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    c[0] = _mm512_and_si512(src, m3);
+    c[1] = _mm512_and_si512(_mm512_srli_epi16(src, 2), m3);
+    c[2] = _mm512_and_si512(_mm512_srli_epi16(src, 4), m3);
+    c[3] = _mm512_and_si512(_mm512_srli_epi16(src, 6), m3);
+}
+
+BONSAI_AVX512 inline __m512i join256(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Four 16-byte pieces at p + 2 + i * stride (i < nin), zeros for the others.
+BONSAI_AVX512 inline __m512i load4x16(const uint8_t* p, int stride, int nin) {
+    const __m128i z = _mm_setzero_si128();
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    const __m128i b = nin > 1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + stride)) : z;
+    const __m128i c = nin > 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 2 * stride)) : z;
+    const __m128i d = nin > 3 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 3 * stride)) : z;
+    return join256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1),
+                   _mm256_inserti128_si256(_mm256_castsi128_si256(c), d, 1));
+}
+
+// Two 32-byte pieces at p + off and p + off + stride (the second only if nin > 1).
+BONSAI_AVX512 inline __m512i load2x32(const uint8_t* p, int off, int stride, int nin) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off));
+    const __m256i hi = nin > 1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off + stride))
+                               : _mm256_setzero_si256();
+    return join256(lo, hi);
+}
+
+// Per type: load() reads a unit into a zmm, codes() unpacks it. kDWord >= 0: the fp16 scale of the
+// unit's block g is 16-bit word kDWord + 16 g of the loaded zmm (its codes meet zero activations).
+struct KPtq1 {
+    static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 13;
+    static constexpr bool kSigned = false;
+    // more: another unit follows in the row, so plain 32-byte loads may run 4 bytes into it (those
+    // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool more) {
+        if (more)
+            return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBytes)));
+        const __mmask32 m = (1u << kBytes) - 1;  // the whole block, scale included
+        return join256(_mm256_maskz_loadu_epi8(m, p),
+                       nin > 1 ? _mm256_maskz_loadu_epi8(m, p + kBytes) : _mm256_setzero_si256());
+    }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { trits5(src, c); }
+};
+
+struct KTq1 {
+    static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26;
+    static constexpr bool kSigned = false;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
+        if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
+        return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                       _mm256_maskz_loadu_epi8((1u << 22) - 1, p + 32));  // qs[32..47], qh, d
+    }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { trits5(src, c); }
+};
+
+struct KTq2 {
+    static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64, kDWord = -1;
+    static constexpr bool kSigned = false;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
+};
+
+struct KQ2g64 {
+    static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0, kDWord = -1;
+    static constexpr bool kSigned = false;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
+};
+
+struct KQ2g128 {
+    static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = -1;
+    static constexpr bool kSigned = false;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
+};
+
+struct KQ4 {
+    static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0, kDWord = -1;
+    static constexpr bool kSigned = false;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) {
+        const __m512i m4 = _mm512_set1_epi8(15);
+        c[0] = _mm512_and_si512(src, m4);
+        c[1] = _mm512_and_si512(_mm512_srli_epi16(src, 4), m4);
+    }
+};
+
+struct KQ8 {
+    static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0, kDWord = -1;
+    static constexpr bool kSigned = true;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = src; }
+};
+
+template <class K>
+BONSAI_AVX512 inline __m512i dot_unit(const __m512i* c, const int8_t* act) {
+    __m512i s = _mm512_setzero_si512();
+    for (int v = 0; v < K::C; ++v) {
+        const __m512i a = _mm512_load_si512(act + 64 * v);
+        if constexpr (K::kSigned) {
+            const __mmask64 neg = _mm512_movepi8_mask(c[v]);
+            const __m512i sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+            s = _mm512_dpbusd_epi32(s, _mm512_abs_epi8(c[v]), sa);
+        } else {
+            s = _mm512_dpbusd_epi32(s, c[v], a);
+        }
+    }
+    return s;
+}
+
+// Four accumulators -> per 128-bit chunk [sum s0, sum s1, sum s2, sum s3] over that chunk.
+BONSAI_AVX512 inline __m512i reduce4(const __m512i* s) {
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]), _mm512_unpackhi_epi32(s[2], s[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+
+// The four outputs' int32 dot products of block g of the unit.
+template <class K>
+BONSAI_AVX512 inline __m128i block_isum(__m512i u, int g) {
+    if constexpr (K::G == 1) {
+        const __m512i x = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, 0x4E));
+        return _mm_add_epi32(_mm512_castsi512_si128(x), _mm512_extracti32x4_epi32(x, 1));
+    } else if constexpr (K::G == 2) {
+        const __m512i x = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, 0xB1));
+        return g == 0 ? _mm512_castsi512_si128(x) : _mm512_extracti32x4_epi32(x, 2);
+    } else {
+        switch (g) {
+            case 0: return _mm512_castsi512_si128(u);
+            case 1: return _mm512_extracti32x4_epi32(u, 1);
+            case 2: return _mm512_extracti32x4_epi32(u, 2);
+            default: return _mm512_extracti32x4_epi32(u, 3);
+        }
+    }
+}
+
+template <class K>
+BONSAI_AVX512 inline __m128 block_fma(__m128 acc, __m128i isum, __m128i asum4, __m128 d4) {
+    if constexpr (K::kOff == 1) isum = _mm_sub_epi32(isum, asum4);
+    if constexpr (K::kOff == 8) isum = _mm_sub_epi32(isum, _mm_slli_epi32(asum4, 3));
+    return _mm_fmadd_ps(d4, _mm_cvtepi32_ps(isum), acc);
+}
+
+// Scales of the unit's blocks for the four rows: [block 0 rows 0..3, block 1 rows 0..3].
+template <class K>
+BONSAI_AVX512 inline __m256 unit_scales(const __m512i* src, const uint8_t* const* p, int nin) {
+    if constexpr (K::kDWord >= 0) {
+        constexpr short w0 = K::kDWord, w1 = K::G == 2 ? K::kDWord + 16 : K::kDWord;
+        alignas(64) static constexpr int16_t kPick[32] = {w0, 32 + w0, w1, 32 + w1};
+        alignas(64) static constexpr int16_t kOrder[32] = {0, 1, 32, 33, 2, 3, 34, 35};
+        const __m512i pick = _mm512_load_si512(kPick);
+        const __m512i order = _mm512_load_si512(kOrder);
+        const __m512i a = _mm512_permutex2var_epi16(src[0], pick, src[1]);  // r0b0 r1b0 r0b1 r1b1
+        const __m512i b = _mm512_permutex2var_epi16(src[2], pick, src[3]);  // r2b0 r3b0 r2b1 r3b1
+        return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, order, b)));
+    } else {
+        static_assert(K::G <= 2 || K::kDWord < 0, "scale extraction covers at most two blocks");
+        alignas(16) uint16_t h[8] = {};
+        for (int g = 0; g < nin; ++g)
+            for (int i = 0; i < 4; ++i) h[4 * g + i] = load_u16(p[i] + g * K::kBytes + K::kDOff);
+        return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+    }
+}
+
+BONSAI_AVX512 inline __m128 load_d4(const uint8_t* const* rows, int64_t off) {
+    const __m128i h = _mm_setr_epi16(static_cast<short>(load_u16(rows[0] + off)), static_cast<short>(load_u16(rows[1] + off)),
+                                     static_cast<short>(load_u16(rows[2] + off)), static_cast<short>(load_u16(rows[3] + off)),
+                                     0, 0, 0, 0);
+    return _mm_cvtph_ps(h);
+}
+
+// 4 rows x 1 token.
+template <class K>
+BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, const int32_t* asum, int64_t nb,
+                               int64_t prefetch_stride) {
+    const int64_t nu = (nb + K::G - 1) / K::G;
+    constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t u = 0; u < nu; ++u) {
+        const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
+        const int8_t* au = act + u * K::C * 64;
+        const uint8_t* p[4];
+        __m512i src[4], s[4];
+        for (int i = 0; i < 4; ++i) {
+            p[i] = rows[i] + u * unit_bytes;
+            _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
+            src[i] = K::load(p[i], nin, u + 1 < nu);
+            __m512i c[K::C];
+            K::codes(src[i], c);
+            s[i] = dot_unit<K>(c, au);
+        }
+        const __m512i red = reduce4(s);
+        if constexpr (K::G <= 2) {
+            const __m256 d8 = unit_scales<K>(src, p, nin);
+            const int64_t b = u * K::G;
+            acc = block_fma<K>(acc, block_isum<K>(red, 0), _mm_set1_epi32(asum[b]), _mm256_castps256_ps128(d8));
+            if (K::G == 2 && nin > 1)
+                acc = block_fma<K>(acc, block_isum<K>(red, 1), _mm_set1_epi32(asum[b + 1]), _mm256_extractf128_ps(d8, 1));
+        } else {
+            for (int g = 0; g < nin; ++g) {
+                const int64_t b = u * K::G + g;
+                acc = block_fma<K>(acc, block_isum<K>(red, g), _mm_set1_epi32(asum[b]),
+                                   load_d4(rows, b * K::kBytes + K::kDOff));
+            }
+        }
+    }
+    return acc;
+}
+
+// 1 row x 4*kGroups tokens (kGroups <= 4), one float lane per token: acc[i] is token t0 + i.
+template <class K, int kGroups>
+BONSAI_AVX512 __m512 tile_tokens(const uint8_t* row, const int8_t* const* act, const int32_t* asum_t, int64_t t_pad,
+                                 int64_t nb) {
+    const int64_t nu = (nb + K::G - 1) / K::G;
+    constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t u = 0; u < nu; ++u) {
+        const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
+        const uint8_t* p = row + u * unit_bytes;
+        __m512i c[K::C];
+        K::codes(K::load(p, nin, u + 1 < nu), c);
+        const int64_t aoff = u * K::C * 64;
+        __m512i red[kGroups];
+#pragma GCC unroll 4
+        for (int grp = 0; grp < kGroups; ++grp) {
+            __m512i s[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) s[i] = dot_unit<K>(c, act[4 * grp + i] + aoff);
+            red[grp] = reduce4(s);
+        }
+        for (int g = 0; g < nin; ++g) {
+            const int64_t b = u * K::G + g;
+            __m512i isum = _mm512_castsi128_si512(block_isum<K>(red[0], g));
+            if constexpr (kGroups > 1) isum = _mm512_inserti32x4(isum, block_isum<K>(red[1], g), 1);
+            if constexpr (kGroups > 2) isum = _mm512_inserti32x4(isum, block_isum<K>(red[2], g), 2);
+            if constexpr (kGroups > 3) isum = _mm512_inserti32x4(isum, block_isum<K>(red[3], g), 3);
+            const __m512i as = _mm512_loadu_si512(asum_t + b * t_pad);
+            if constexpr (K::kOff == 1) isum = _mm512_sub_epi32(isum, as);
+            if constexpr (K::kOff == 8) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(as, 3));
+            const __m512 d = _mm512_set1_ps(fp16_to_fp32(load_u16(p + g * K::kBytes + K::kDOff)));
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
+        }
+    }
+    return acc;
+}
+
+template <class K>
+BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
+    const int64_t nb = a.n_blocks, rows = w.rows;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    if (a.n_tokens < 2) {
+        const int64_t prefetch_stride = kPrefetchRows * static_cast<int64_t>(w.row_bytes);
+        for (int64_t t = 0; t < a.n_tokens; ++t) {
+            const int8_t* act = a.slots + t * a.slot_bytes;
+            const int32_t* asum = a.asum + t * nb;
+            for (int64_t r = r0; r < r1; r += 4) {
+                const uint8_t* rp[4];
+                for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
+                alignas(16) float out[4];
+                _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, prefetch_stride), _mm_set1_ps(a.scale[t])));
+                for (int i = 0; i < 4 && r + i < r1; ++i) y[t * rows + r + i] = out[i];
+            }
+        }
+        return;
+    }
+    // Token tiles outside, rows inside: a tile's activations stay in cache while the rows stream.
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 16) {
+        const int count = static_cast<int>(std::min<int64_t>(16, a.n_tokens - t0));
+        const int groups = (count + 3) / 4;
+        const int8_t* act[16];
+        for (int i = 0; i < 16; ++i) act[i] = a.slots + (t0 + std::min(i, count - 1)) * a.slot_bytes;
+        const __m512 sc = _mm512_loadu_ps(a.scale + t0);
+        const int32_t* asum_t = a.asum_t + t0;
+        for (int64_t r = r0; r < r1; ++r) {
+            const uint8_t* row = base + r * w.row_bytes;
+            __m512 acc;
+            switch (groups) {
+                case 1: acc = tile_tokens<K, 1>(row, act, asum_t, a.t_pad, nb); break;
+                case 2: acc = tile_tokens<K, 2>(row, act, asum_t, a.t_pad, nb); break;
+                case 3: acc = tile_tokens<K, 3>(row, act, asum_t, a.t_pad, nb); break;
+                default: acc = tile_tokens<K, 4>(row, act, asum_t, a.t_pad, nb); break;
+            }
+            alignas(64) float out[16];
+            _mm512_store_ps(out, _mm512_mul_ps(acc, sc));
+            for (int i = 0; i < count; ++i) y[(t0 + i) * rows + r] = out[i];
+        }
+    }
+}
+
+}  // namespace
+
+BONSAI_AVX512 void BONSAI_AVX512_ENTRY(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
+    switch (w.type) {
+        case TYPE_PTQ1_0: run_int8<KPtq1>(w, a, r0, r1, y); break;
+        case TYPE_TQ1_0: run_int8<KTq1>(w, a, r0, r1, y); break;
+        case TYPE_TQ2_0: run_int8<KTq2>(w, a, r0, r1, y); break;
+        case TYPE_Q2_0: run_int8<KQ2g64>(w, a, r0, r1, y); break;
+        case TYPE_Q2_0_G128:
+        case TYPE_PQ2_0: run_int8<KQ2g128>(w, a, r0, r1, y); break;
+        case TYPE_Q4_0: run_int8<KQ4>(w, a, r0, r1, y); break;
+        case TYPE_Q8_0: run_int8<KQ8>(w, a, r0, r1, y); break;
+        default: break;
+    }
+}
+
+}  // namespace bonsai::cpu
+
+#undef BONSAI_AVX512

@@ -1,0 +1,110 @@
+// A Context runs a shared, immutable Model: it owns everything mutable — the KV cache, the scratch
+// buffers of one batch chunk, the thread pool and the logits of the last decode. Both the cache
+// and the scratch buffers are allocated once, here, for n_ctx cells and n_batch tokens; creating a
+// context that does not fit in the available memory is refused with the numbers.
+//
+// decode() takes tokens of one or more sequences (each token has its own position and sequence
+// id), validates the whole batch before touching any state, then runs it in chunks of n_batch
+// tokens. Positions of a sequence must increase past what the cache already holds for it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "bonsai/kv_cache.h"
+#include "bonsai/model.h"
+#include "bonsai/ops.h"
+#include "bonsai/thread_pool.h"
+#include "bonsai/types.h"
+
+namespace bonsai {
+
+struct ContextParams {
+    int n_ctx = 4096;        // KV cells (tokens, summed over all sequences)
+    int n_batch = 512;       // tokens per forward chunk
+    int n_seq_max = 1;       // sequences ids 0 .. n_seq_max-1 (at most 64)
+    int n_threads = 0;       // 0 = hardware concurrency
+    GgmlType type_k = TYPE_F16;  // F16 or Q8_0
+    GgmlType type_v = TYPE_F16;
+    ActMode act_mode = ActMode::INT8;  // activations of the matmuls: per-token INT8 or float
+    bool flash_attn = false;           // one-pass online-softmax attention
+};
+
+struct Batch {
+    std::vector<int32_t> token;
+    std::vector<int32_t> pos;
+    std::vector<int32_t> seq_id;
+    std::vector<uint8_t> logits;  // 1 = keep this token's logits; empty = only the last token
+
+    void add(int32_t tok, int32_t p, int32_t seq, bool want_logits) {
+        token.push_back(tok);
+        pos.push_back(p);
+        seq_id.push_back(seq);
+        logits.push_back(want_logits ? 1 : 0);
+    }
+    void clear() {
+        token.clear();
+        pos.clear();
+        seq_id.clear();
+        logits.clear();
+    }
+    size_t size() const { return token.size(); }
+};
+
+struct ContextMemory {
+    uint64_t kv_bytes = 0;       // K and V buffers
+    uint64_t compute_bytes = 0;  // activation scratch for n_batch tokens + attention scratch
+    uint64_t logits_bytes = 0;   // output buffer currently allocated
+};
+
+class Context {
+public:
+    Context(std::shared_ptr<const Model> model, const ContextParams& params);
+    ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+
+    // Runs the batch; afterwards logits(i) is valid for every flagged token i of it.
+    void decode(const Batch& batch);
+    // Logits (n_vocab floats) of token i of the last batch; i < 0 counts outputs from the end
+    // (-1 = the last flagged token). Throws if the token was not flagged.
+    const float* logits(int32_t i) const;
+    int64_t n_outputs() const { return n_outputs_; }
+    // All output rows of the last batch, in batch order: [n_outputs, n_vocab].
+    const float* all_logits() const { return logits_.data(); }
+
+    void seq_rm(int seq, int32_t p0 = -1, int32_t p1 = -1);
+    void seq_cp(int src, int dst, int32_t p0 = -1, int32_t p1 = -1);
+    void seq_keep(int seq);
+    void clear();
+    int32_t seq_pos_max(int seq) const;  // -1 if the sequence is empty
+
+    const Model& model() const { return *model_; }
+    std::shared_ptr<const Model> model_ptr() const { return model_; }
+    const ContextParams& params() const { return params_; }
+    int n_ctx() const { return params_.n_ctx; }
+    int n_threads() const { return pool_->size(); }
+    const KvCache& kv_cache() const { return *kv_; }
+    ContextMemory memory_report() const;
+
+    // Bytes a context of these parameters allocates for this model (KV + compute), for planning.
+    static ContextMemory plan_memory(const Model& model, const ContextParams& params);
+
+private:
+    void check_seq(int seq, const char* what) const;
+    void decode_chunk(const Batch& batch, size_t begin, size_t end, const std::vector<int32_t>& cells,
+                      int64_t first_out);
+
+    std::shared_ptr<const Model> model_;
+    ContextParams params_;
+    std::unique_ptr<ThreadPool> pool_;
+    std::unique_ptr<KvCache> kv_;
+    std::vector<float> compute_;
+    size_t attn_scratch_per_thread_ = 0;
+    std::vector<float> logits_;
+    std::vector<int32_t> out_index_;  // batch index -> output row, -1 if not flagged
+    int64_t n_outputs_ = 0;
+};
+
+}  // namespace bonsai

@@ -1,0 +1,118 @@
+// A loaded model: the mapped GGUF file, the hyperparameters, one weight view per tensor the
+// architecture needs, and the vocabulary.
+//
+// A Model is immutable after Model::load() returns and is shared (std::shared_ptr<const Model>)
+// by every Context that runs it; all mutable state (KV cache, scratch buffers, sequences) lives in
+// Context. Matrices stay in the file mapping (zero copy); only the small one-dimensional tensors
+// (norm weights, biases, rope frequency factors) are converted to float32 copies at load.
+//
+// Loading validates the whole file before anything runs: the architecture (llama, qwen2, qwen3),
+// every hyperparameter, and every expected tensor's presence, shape and type (one bonsai::Error
+// naming the tensor). Files whose weights were pre-rotated by a Hadamard transform
+// (`prism.hadamard.*` metadata) are refused, since running them without the matching activation
+// rotation would give silently wrong output.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bonsai/ops.h"
+#include "bonsai/types.h"
+
+namespace bonsai {
+
+class GgufFile;
+class Vocab;
+struct ArchSpec;
+
+struct ModelParams {
+    bool use_mmap = true;        // false: read the file into memory (--no-mmap)
+    int n_gpu_layers = 0;        // layers to offload; this build runs every layer on the CPU
+    std::string tokenizer_path;  // SentencePiece tokenizer.model overriding the embedded vocabulary
+    bool verbose = false;        // print the per-layer device / type table while loading
+};
+
+enum class RopeType {
+    NORMAL,  // rotate adjacent pairs (x[2i], x[2i+1]) (llama; weights permuted by the converter)
+    NEOX,    // rotate halves (x[i], x[i + n_rot/2]) (qwen2, qwen3)
+};
+
+struct Hparams {
+    std::string arch;            // "llama", "qwen2", "qwen3"
+    int64_t n_vocab = 0;
+    int64_t n_ctx_train = 0;
+    int64_t n_embd = 0;
+    int64_t n_layer = 0;
+    int64_t n_head = 0;
+    int64_t n_head_kv = 0;
+    int64_t head_dim = 0;        // per-head size of q and k (key_length), also of v
+    int64_t n_ff = 0;
+    int64_t n_rot = 0;           // rotated dimensions per head (rope.dimension_count)
+    float rms_eps = 1e-6f;
+    float rope_theta = 10000.0f;
+    float rope_freq_scale = 1.0f;  // positions are multiplied by this (1 / linear scaling factor)
+    RopeType rope_type = RopeType::NORMAL;
+    bool tied_output = false;    // output head shares token_embd.weight
+
+    int64_t n_embd_q() const { return n_head * head_dim; }
+    int64_t n_embd_kv() const { return n_head_kv * head_dim; }
+};
+
+struct LayerWeights {
+    WeightView wq, wk, wv, wo;            // attn_q/k/v/output.weight
+    WeightView w_gate, w_up, w_down;      // ffn_gate/up/down.weight
+    std::vector<float> attn_norm, ffn_norm;
+    std::vector<float> bq, bk, bv;        // qwen2 only (empty otherwise)
+    std::vector<float> q_norm, k_norm;    // qwen3 only: per-head RMSNorm weights [head_dim]
+};
+
+struct ModelMemory {
+    uint64_t weights_bytes = 0;                   // every tensor the engine uses
+    std::map<std::string, uint64_t> bytes_by_type;  // type name -> bytes
+    uint64_t file_bytes = 0;
+    bool mapped = true;                           // weights are in a file mapping (not a copy)
+};
+
+class Model {
+public:
+    static std::shared_ptr<const Model> load(const std::string& path, const ModelParams& params = {});
+    ~Model();
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+
+    const Hparams& hparams() const { return hp_; }
+    const ModelParams& params() const { return params_; }
+    const GgufFile& gguf() const { return *gguf_; }
+    const Vocab& vocab() const { return *vocab_; }
+    const ArchSpec& arch() const { return *arch_; }
+
+    const WeightView& tok_embd() const { return tok_embd_; }
+    const WeightView& output() const { return output_; }
+    const std::vector<float>& output_norm() const { return output_norm_; }
+    const std::vector<float>& rope_freqs() const { return rope_freqs_; }  // empty if none
+    const std::vector<LayerWeights>& layers() const { return layers_; }
+
+    ModelMemory memory_report() const;
+    // One line per layer ("layer  3: CPU  attn_q Q8_0 ...") plus embedding/output lines.
+    std::string layer_table() const;
+
+private:
+    Model() = default;
+    friend class ModelLoader;
+
+    ModelParams params_;
+    Hparams hp_;
+    std::unique_ptr<GgufFile> gguf_;
+    std::unique_ptr<Vocab> vocab_;
+    const ArchSpec* arch_ = nullptr;
+    WeightView tok_embd_{}, output_{};
+    std::vector<float> output_norm_, rope_freqs_;
+    std::vector<LayerWeights> layers_;
+    std::vector<std::pair<GgmlType, uint64_t>> used_tensors_;  // type and bytes of every tensor read
+};
+
+}  // namespace bonsai

@@ -1,0 +1,56 @@
+// Device-agnostic entry points of the matrix ops. Each validates shapes once and dispatches to the
+// backend (cpp/backends/cpu/ for now).
+//
+// matmul computes y[t*rows + r] = sum_k W[r,k] * x[t*cols + k] for t < n_tokens.
+//   ActMode::INT8 (quantized weight types): every token row of x is quantized once to int8 with
+//     its own absmax scale (s = amax/127, q = round-half-away(x * 127/amax), amax 0 -> zeros; the
+//     W1.58A8 scheme), each weight block gives an exact int32 dot product isum_b, and the output is
+//     (sum over blocks in order of d_b * isum_b, one fused multiply-add per block) * s. All CPU
+//     paths (scalar, AVX2, AVX-512 VNNI) give bit-identical results.
+//   ActMode::FLOAT: weights are dequantized block by block and dotted with f32 activations.
+//   F32 / F16 / BF16 weights always use float math, whatever the mode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bonsai/thread_pool.h"
+#include "bonsai/types.h"
+
+namespace bonsai {
+
+enum class ActMode { INT8, FLOAT };  // INT8: per-token absmax int8 activations; FLOAT: f32 activations
+
+struct WeightView {  // a 2-D weight as stored in the file (GGUF ne0 = cols)
+    GgmlType type;
+    const void* data;
+    int64_t rows;
+    int64_t cols;
+    size_t row_bytes;
+};
+
+// y[t*rows + r] = sum_k W[r,k] * x[t*cols + k], t < n_tokens. F32/F16/BF16 weights always use float
+// math. Throws bonsai::Error for an unknown type or inconsistent shapes.
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool);
+
+// Embedding gather from any type: out[i*cols + k] = W[ids[i], k] (dequantized). Throws for an id
+// outside [0, rows).
+void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out);
+
+// CPU kernel paths. The default is the best one the running CPU supports; the environment variable
+// BONSAI_CPU_PATH=scalar|avx2|avx512 or set_cpu_path() forces one (tests, benchmarks).
+enum class CpuPath { SCALAR, AVX2, AVX512 };
+
+const char* cpu_path_name(CpuPath path);
+CpuPath parse_cpu_path(const std::string& name);      // throws for an unknown name
+std::vector<CpuPath> available_cpu_paths();           // always contains SCALAR
+CpuPath active_cpu_path();
+void set_cpu_path(CpuPath path);                      // throws if the CPU lacks the features
+
+// matmul on an explicit CPU path (throws if the CPU lacks its features).
+void matmul_on_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode,
+                    ThreadPool& pool, CpuPath path);
+
+}  // namespace bonsai

@@ -1,0 +1,82 @@
+// The architecture table: what differs between llama, qwen2 and qwen3 — hyperparameter reading,
+// the per-layer tensor list and the forward pass of one batch — one file per architecture
+// (llama.cpp, qwen2.cpp, qwen3.cpp). The pieces they share (common hyperparameters, the common
+// tensor list, embedding, the attention and SwiGLU blocks, the output head) are in arch_common.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "../layers.h"
+#include "bonsai/gguf.h"
+#include "bonsai/kv_cache.h"
+#include "bonsai/model.h"
+#include "bonsai/ops.h"
+#include "bonsai/thread_pool.h"
+
+namespace bonsai {
+
+class ModelLoader;
+
+// One chunk of a batch (at most n_batch tokens) and the scratch buffers it runs in. All buffers
+// are owned by the Context and sized for n_batch tokens when it is created.
+struct ForwardState {
+    int64_t n_tokens = 0;
+    const int32_t* token = nullptr;     // [n_tokens]
+    const int32_t* pos = nullptr;       // [n_tokens]
+    const uint64_t* seq_mask = nullptr; // [n_tokens]
+    const int32_t* cell = nullptr;      // [n_tokens] KV cell of each token (already claimed)
+    int64_t n_out = 0;
+    const int32_t* out_rows = nullptr;  // [n_out] chunk rows whose logits are wanted
+    float* logits = nullptr;            // [n_out, n_vocab]
+
+    KvCache* kv = nullptr;
+    ThreadPool* pool = nullptr;
+    ActMode act = ActMode::INT8;
+    bool flash_attn = false;
+
+    float* x = nullptr;      // [n, n_embd] residual stream
+    float* cur = nullptr;    // [n, max(n_embd, n_embd_q)] normed input / projected output
+    float* q = nullptr;      // [n, n_embd_q]
+    float* k = nullptr;      // [n, n_embd_kv]
+    float* v = nullptr;      // [n, n_embd_kv]
+    float* attn = nullptr;   // [n, n_embd_q]
+    float* gate = nullptr;   // [n, n_ff]
+    float* up = nullptr;     // [n, n_ff]
+    float* rope_cs = nullptr;  // [n, n_rot] cos/sin table
+    float* attn_scratch = nullptr;
+    size_t attn_scratch_per_thread = 0;
+};
+
+struct ArchSpec {
+    const char* name;
+    void (*load_hparams)(const GgufFile& f, Hparams& hp);
+    void (*load_layer)(ModelLoader& ld, const Hparams& hp, int64_t il, LayerWeights& w);
+    void (*forward)(const Model& m, ForwardState& st);
+};
+
+extern const ArchSpec kArchLlama;
+extern const ArchSpec kArchQwen2;
+extern const ArchSpec kArchQwen3;
+
+// The spec of an architecture name; throws listing the supported ones.
+const ArchSpec& find_arch(const std::string& name);
+
+// --- shared pieces (arch_common.cpp) ---
+// Reads the {arch}.* keys every architecture has (sizes, heads, eps, rope base and scaling).
+void read_common_hparams(const GgufFile& f, Hparams& hp);
+// attn_norm, attn_q/k/v/output, ffn_norm, ffn_gate/up/down of layer il.
+void load_common_layer(ModelLoader& ld, const Hparams& hp, int64_t il, LayerWeights& w);
+// x = token_embd[token]; fills the rope table for the chunk's positions.
+void begin_forward(const Model& m, ForwardState& st);
+// cur = rms_norm(x) * attn_norm; q, k, v = projections of cur (no bias).
+void project_qkv(const Model& m, const LayerWeights& w, ForwardState& st);
+// Rotates q and k, stores k/v in the cache, attends, x += wo * attention.
+void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st);
+// x += w_down * (silu(w_gate * h) * (w_up * h)) with h = rms_norm(x) * ffn_norm.
+void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st);
+// logits of the requested rows: output * rms_norm(x) * output_norm.
+void output_logits(const Model& m, ForwardState& st);
+
+}  // namespace bonsai

@@ -1,0 +1,135 @@
+// Pieces every supported architecture shares: the common {arch}.* hyperparameters, the common
+// per-layer tensor list, and the pre-norm transformer blocks (embedding, attention with rotary
+// positions over the KV cache, SwiGLU feed-forward, output head) that the per-architecture
+// forward passes are assembled from.
+#include <cmath>
+
+#include "../model_loader.h"
+#include "arch.h"
+#include "bonsai/error.h"
+
+namespace bonsai {
+
+const ArchSpec& find_arch(const std::string& name) {
+    for (const ArchSpec* a : {&kArchLlama, &kArchQwen2, &kArchQwen3}) {
+        if (name == a->name) return *a;
+    }
+    throw Error("unsupported model architecture '" + name + "'; this engine runs llama, qwen2 and qwen3");
+}
+
+void read_common_hparams(const GgufFile& f, Hparams& hp) {
+    const std::string p = hp.arch + ".";
+    hp.n_ctx_train = static_cast<int64_t>(f.get_u64(p + "context_length"));
+    hp.n_embd = static_cast<int64_t>(f.get_u64(p + "embedding_length"));
+    hp.n_layer = static_cast<int64_t>(f.get_u64(p + "block_count"));
+    hp.n_ff = static_cast<int64_t>(f.get_u64(p + "feed_forward_length"));
+    hp.n_head = static_cast<int64_t>(f.get_u64(p + "attention.head_count"));
+    hp.n_head_kv = static_cast<int64_t>(f.get_u64(p + "attention.head_count_kv",
+                                                  static_cast<uint64_t>(hp.n_head)));
+    hp.rms_eps = f.get_f32(p + "attention.layer_norm_rms_epsilon");
+    hp.rope_theta = f.get_f32(p + "rope.freq_base", 10000.0f);
+    if (hp.n_head <= 0) throw Error(p + "attention.head_count must be positive");
+    hp.head_dim = static_cast<int64_t>(f.get_u64(p + "attention.key_length",
+                                                 static_cast<uint64_t>(hp.n_embd / hp.n_head)));
+    const int64_t v_len = static_cast<int64_t>(f.get_u64(p + "attention.value_length",
+                                                         static_cast<uint64_t>(hp.head_dim)));
+    if (v_len != hp.head_dim) {
+        throw Error(p + "attention.value_length (" + std::to_string(v_len) + ") differs from key_length (" +
+                    std::to_string(hp.head_dim) + "); this engine needs them equal");
+    }
+    hp.n_rot = static_cast<int64_t>(f.get_u64(p + "rope.dimension_count", static_cast<uint64_t>(hp.head_dim)));
+
+    const std::string scaling = f.get_string(p + "rope.scaling.type", "none");
+    if (scaling == "linear") {
+        const float factor = f.get_f32(p + "rope.scaling.factor");
+        if (!(factor > 0.0f)) throw Error(p + "rope.scaling.factor must be positive");
+        hp.rope_freq_scale = 1.0f / factor;
+    } else if (scaling != "none") {
+        throw Error(p + "rope.scaling.type '" + scaling + "' is not supported (only none and linear)");
+    }
+}
+
+void load_common_layer(ModelLoader& ld, const Hparams& hp, int64_t il, LayerWeights& w) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    w.attn_norm = ld.vector(b + "attn_norm.weight", hp.n_embd);
+    w.wq = ld.matrix(b + "attn_q.weight", hp.n_embd, hp.n_embd_q());
+    w.wk = ld.matrix(b + "attn_k.weight", hp.n_embd, hp.n_embd_kv());
+    w.wv = ld.matrix(b + "attn_v.weight", hp.n_embd, hp.n_embd_kv());
+    w.wo = ld.matrix(b + "attn_output.weight", hp.n_embd_q(), hp.n_embd);
+    w.ffn_norm = ld.vector(b + "ffn_norm.weight", hp.n_embd);
+    w.w_gate = ld.matrix(b + "ffn_gate.weight", hp.n_embd, hp.n_ff);
+    w.w_up = ld.matrix(b + "ffn_up.weight", hp.n_embd, hp.n_ff);
+    w.w_down = ld.matrix(b + "ffn_down.weight", hp.n_ff, hp.n_embd);
+}
+
+static RopeParams rope_params(const Model& m) {
+    const Hparams& hp = m.hparams();
+    RopeParams r;
+    r.type = hp.rope_type;
+    r.n_rot = hp.n_rot;
+    r.theta_base = hp.rope_theta;
+    r.freq_scale = hp.rope_freq_scale;
+    r.freq_factors = m.rope_freqs().empty() ? nullptr : m.rope_freqs().data();
+    return r;
+}
+
+void begin_forward(const Model& m, ForwardState& st) {
+    get_rows(m.tok_embd(), st.token, st.n_tokens, st.x);
+    rope_table(st.pos, st.n_tokens, rope_params(m), st.rope_cs);
+}
+
+void project_qkv(const Model& m, const LayerWeights& w, ForwardState& st) {
+    const Hparams& hp = m.hparams();
+    rms_norm(st.x, w.attn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
+    matmul(w.wq, st.cur, st.n_tokens, st.q, st.act, *st.pool);
+    matmul(w.wk, st.cur, st.n_tokens, st.k, st.act, *st.pool);
+    matmul(w.wv, st.cur, st.n_tokens, st.v, st.act, *st.pool);
+}
+
+void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st) {
+    const Hparams& hp = m.hparams();
+    const RopeParams rp = rope_params(m);
+    rope_apply(st.q, st.n_tokens, hp.n_head, hp.head_dim, rp, st.rope_cs);
+    rope_apply(st.k, st.n_tokens, hp.n_head_kv, hp.head_dim, rp, st.rope_cs);
+    for (int64_t t = 0; t < st.n_tokens; ++t) {
+        st.kv->store(il, st.cell[t], st.k + t * hp.n_embd_kv(), st.v + t * hp.n_embd_kv());
+    }
+    AttentionArgs a;
+    a.q = st.q;
+    a.n_tokens = st.n_tokens;
+    a.pos = st.pos;
+    a.seq_mask = st.seq_mask;
+    a.kv = st.kv;
+    a.layer = il;
+    a.n_head = hp.n_head;
+    a.n_head_kv = hp.n_head_kv;
+    a.head_dim = hp.head_dim;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+    a.flash = st.flash_attn;
+    a.out = st.attn;
+    attention(a, st.attn_scratch, st.attn_scratch_per_thread, *st.pool);
+    matmul(w.wo, st.attn, st.n_tokens, st.cur, st.act, *st.pool);
+    add_inplace(st.x, st.cur, st.n_tokens * hp.n_embd);
+}
+
+void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st) {
+    const Hparams& hp = m.hparams();
+    rms_norm(st.x, w.ffn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
+    matmul(w.w_gate, st.cur, st.n_tokens, st.gate, st.act, *st.pool);
+    matmul(w.w_up, st.cur, st.n_tokens, st.up, st.act, *st.pool);
+    swiglu(st.gate, st.up, st.n_tokens * hp.n_ff, st.gate);
+    matmul(w.w_down, st.gate, st.n_tokens, st.cur, st.act, *st.pool);
+    add_inplace(st.x, st.cur, st.n_tokens * hp.n_embd);
+}
+
+void output_logits(const Model& m, ForwardState& st) {
+    if (st.n_out == 0) return;
+    const Hparams& hp = m.hparams();
+    for (int64_t i = 0; i < st.n_out; ++i) {
+        rms_norm(st.x + static_cast<int64_t>(st.out_rows[i]) * hp.n_embd, m.output_norm().data(), 1,
+                 hp.n_embd, hp.rms_eps, st.cur + i * hp.n_embd);
+    }
+    matmul(m.output(), st.cur, st.n_out, st.logits, st.act, *st.pool);
+}
+
+}  // namespace bonsai

@@ -1,0 +1,274 @@
+// Context: batch validation, KV cell assignment, chunked forward passes and the output logits.
+//
+// Compute buffer layout (one float vector, sized for n_batch tokens):
+//   x [nb, n_embd] | cur [nb, n_embd] | q [nb, n_embd_q] | k, v [nb, n_embd_kv] | attn [nb, n_embd_q]
+//   | gate, up [nb, n_ff] | rope table [nb, n_rot] | attention scratch [n_threads, per-thread size]
+#include "bonsai/context.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "arch/arch.h"
+#include "bonsai/error.h"
+#include "sys_memory.h"
+
+namespace bonsai {
+
+namespace {
+
+int resolve_threads(int n) {
+    if (n > 0) return n;
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+struct ComputeLayout {
+    size_t x, cur, q, k, v, attn, gate, up, rope, scratch, per_thread, total;
+};
+
+ComputeLayout compute_layout(const Hparams& hp, int64_t nb, int64_t n_cells, int n_threads) {
+    ComputeLayout l{};
+    size_t off = 0;
+    auto take = [&](size_t n) {
+        const size_t at = off;
+        off += n;
+        return at;
+    };
+    l.x = take(nb * hp.n_embd);
+    l.cur = take(nb * hp.n_embd);
+    l.q = take(nb * hp.n_embd_q());
+    l.k = take(nb * hp.n_embd_kv());
+    l.v = take(nb * hp.n_embd_kv());
+    l.attn = take(nb * hp.n_embd_q());
+    l.gate = take(nb * hp.n_ff);
+    l.up = take(nb * hp.n_ff);
+    l.rope = take(nb * hp.n_rot);
+    l.per_thread = attention_scratch_floats(n_cells, hp.n_head, hp.n_head_kv, hp.head_dim);
+    l.scratch = take(l.per_thread * n_threads);
+    l.total = off;
+    return l;
+}
+
+void validate_params(const ContextParams& p) {
+    if (p.n_ctx <= 0) throw Error("n_ctx must be positive, got " + std::to_string(p.n_ctx));
+    if (p.n_batch <= 0) throw Error("n_batch must be positive, got " + std::to_string(p.n_batch));
+    if (p.n_seq_max < 1 || p.n_seq_max > KvCache::kMaxSeq) {
+        throw Error("n_seq_max must be between 1 and " + std::to_string(KvCache::kMaxSeq) + ", got " +
+                    std::to_string(p.n_seq_max));
+    }
+    if (p.n_threads < 0) throw Error("n_threads must be >= 0 (0 = all cores), got " + std::to_string(p.n_threads));
+}
+
+KvCacheParams kv_params(const Hparams& hp, const ContextParams& p) {
+    KvCacheParams k;
+    k.n_cells = p.n_ctx;
+    k.n_layer = hp.n_layer;
+    k.n_embd_kv = hp.n_embd_kv();
+    k.head_dim = hp.head_dim;
+    k.type_k = p.type_k;
+    k.type_v = p.type_v;
+    return k;
+}
+
+}  // namespace
+
+ContextMemory Context::plan_memory(const Model& model, const ContextParams& params) {
+    validate_params(params);
+    const Hparams& hp = model.hparams();
+    const int64_t nb = std::min(params.n_batch, params.n_ctx);
+    ContextMemory m;
+    m.kv_bytes = KvCache::bytes_needed(kv_params(hp, params));
+    m.compute_bytes = compute_layout(hp, nb, params.n_ctx, resolve_threads(params.n_threads)).total * sizeof(float);
+    m.logits_bytes = static_cast<uint64_t>(params.n_seq_max) * hp.n_vocab * sizeof(float);
+    return m;
+}
+
+Context::Context(std::shared_ptr<const Model> model, const ContextParams& params)
+    : model_(std::move(model)), params_(params) {
+    if (!model_) throw Error("Context needs a loaded model");
+    params_.n_batch = std::min(params_.n_batch, std::max(params_.n_ctx, 1));
+    const ContextMemory need = plan_memory(*model_, params_);
+    const uint64_t total = need.kv_bytes + need.compute_bytes + need.logits_bytes;
+    const uint64_t avail = mem_available_bytes();
+    if (avail > 0 && total > avail) {
+        throw Error("context of " + std::to_string(params_.n_ctx) + " tokens needs " + format_bytes(total) +
+                    " (KV cache " + format_bytes(need.kv_bytes) + ", compute buffers " +
+                    format_bytes(need.compute_bytes) + ") but only " + format_bytes(avail) +
+                    " of memory is available; use a smaller --ctx-size or --cache-type-k/v q8_0");
+    }
+    const int n_threads = resolve_threads(params_.n_threads);
+    pool_ = std::make_unique<ThreadPool>(n_threads);
+    kv_ = std::make_unique<KvCache>(kv_params(model_->hparams(), params_));
+    const ComputeLayout l = compute_layout(model_->hparams(), params_.n_batch, params_.n_ctx, n_threads);
+    compute_.assign(l.total, 0.0f);
+    attn_scratch_per_thread_ = l.per_thread;
+    logits_.reserve(static_cast<size_t>(params_.n_seq_max) * model_->hparams().n_vocab);
+}
+
+Context::~Context() = default;
+
+void Context::check_seq(int seq, const char* what) const {
+    if (seq < 0 || seq >= params_.n_seq_max) {
+        throw Error(std::string(what) + ": sequence id " + std::to_string(seq) + " is outside 0.." +
+                    std::to_string(params_.n_seq_max - 1) + " (raise n_seq_max)");
+    }
+}
+
+void Context::decode(const Batch& batch) {
+    const size_t n = batch.token.size();
+    if (n == 0) throw Error("decode: the batch is empty");
+    if (batch.pos.size() != n || batch.seq_id.size() != n || (!batch.logits.empty() && batch.logits.size() != n)) {
+        throw Error("decode: batch arrays differ in length (token " + std::to_string(n) + ", pos " +
+                    std::to_string(batch.pos.size()) + ", seq_id " + std::to_string(batch.seq_id.size()) +
+                    ", logits " + std::to_string(batch.logits.size()) + ")");
+    }
+    const int64_t n_vocab = model_->hparams().n_vocab;
+    std::unordered_map<int, int32_t> last_pos;
+    for (size_t i = 0; i < n; ++i) {
+        if (batch.token[i] < 0 || batch.token[i] >= n_vocab) {
+            throw Error("decode: token id " + std::to_string(batch.token[i]) + " at batch index " +
+                        std::to_string(i) + " is outside the vocabulary (0.." + std::to_string(n_vocab - 1) + ")");
+        }
+        const int seq = batch.seq_id[i];
+        check_seq(seq, "decode");
+        if (batch.pos[i] < 0) {
+            throw Error("decode: position " + std::to_string(batch.pos[i]) + " at batch index " +
+                        std::to_string(i) + " is negative");
+        }
+        auto it = last_pos.find(seq);
+        const int32_t prev = it != last_pos.end() ? it->second : kv_->seq_pos_max(seq);
+        if (batch.pos[i] <= prev) {
+            throw Error("decode: position " + std::to_string(batch.pos[i]) + " of sequence " + std::to_string(seq) +
+                        " does not follow its previous position " + std::to_string(prev) +
+                        "; positions of a sequence must increase (seq_rm the tail to rewrite it)");
+        }
+        last_pos[seq] = batch.pos[i];
+    }
+    std::vector<int32_t> cells;
+    if (!kv_->find_free(static_cast<int64_t>(n), cells)) {
+        throw Error("decode: context overflow: the batch needs " + std::to_string(n) + " KV cells but only " +
+                    std::to_string(kv_->n_free()) + " of n_ctx = " + std::to_string(params_.n_ctx) +
+                    " are free; use a larger context or remove tokens with seq_rm");
+    }
+
+    out_index_.assign(n, -1);
+    n_outputs_ = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const bool want = batch.logits.empty() ? (i + 1 == n) : batch.logits[i] != 0;
+        if (want) out_index_[i] = static_cast<int32_t>(n_outputs_++);
+    }
+    logits_.resize(static_cast<size_t>(n_outputs_) * n_vocab);
+
+    size_t claimed = 0;
+    try {
+        int64_t outs_before = 0;
+        for (size_t b = 0; b < n; b += params_.n_batch) {
+            const size_t e = std::min(n, b + static_cast<size_t>(params_.n_batch));
+            for (size_t i = b; i < e; ++i) {
+                kv_->claim(cells[i], batch.pos[i], uint64_t{1} << batch.seq_id[i]);
+                ++claimed;
+            }
+            decode_chunk(batch, b, e, cells, outs_before);
+            for (size_t i = b; i < e; ++i) outs_before += out_index_[i] >= 0;
+        }
+    } catch (...) {
+        for (size_t i = 0; i < claimed; ++i) kv_->claim(cells[i], -1, 0);
+        n_outputs_ = 0;
+        throw;
+    }
+}
+
+void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const std::vector<int32_t>& cells,
+                           int64_t first_out) {
+    const Hparams& hp = model_->hparams();
+    const int64_t n = static_cast<int64_t>(end - begin);
+    std::vector<uint64_t> masks(n);
+    std::vector<int32_t> out_rows;
+    for (int64_t i = 0; i < n; ++i) {
+        masks[i] = uint64_t{1} << batch.seq_id[begin + i];
+        if (out_index_[begin + i] >= 0) out_rows.push_back(static_cast<int32_t>(i));
+    }
+    const ComputeLayout l = compute_layout(hp, params_.n_batch, params_.n_ctx, pool_->size());
+    float* base = compute_.data();
+
+    ForwardState st;
+    st.n_tokens = n;
+    st.token = batch.token.data() + begin;
+    st.pos = batch.pos.data() + begin;
+    st.seq_mask = masks.data();
+    st.cell = cells.data() + begin;
+    st.n_out = static_cast<int64_t>(out_rows.size());
+    st.out_rows = out_rows.data();
+    st.logits = logits_.data() + first_out * hp.n_vocab;
+    st.kv = kv_.get();
+    st.pool = pool_.get();
+    st.act = params_.act_mode;
+    st.flash_attn = params_.flash_attn;
+    st.x = base + l.x;
+    st.cur = base + l.cur;
+    st.q = base + l.q;
+    st.k = base + l.k;
+    st.v = base + l.v;
+    st.attn = base + l.attn;
+    st.gate = base + l.gate;
+    st.up = base + l.up;
+    st.rope_cs = base + l.rope;
+    st.attn_scratch = base + l.scratch;
+    st.attn_scratch_per_thread = l.per_thread;
+    model_->arch().forward(*model_, st);
+}
+
+const float* Context::logits(int32_t i) const {
+    const int64_t n_vocab = model_->hparams().n_vocab;
+    if (i < 0) {
+        if (-static_cast<int64_t>(i) > n_outputs_) {
+            throw Error("logits(" + std::to_string(i) + "): the last batch produced only " +
+                        std::to_string(n_outputs_) + " output rows");
+        }
+        return logits_.data() + (n_outputs_ + i) * n_vocab;
+    }
+    if (static_cast<size_t>(i) >= out_index_.size() || out_index_[i] < 0) {
+        throw Error("logits(" + std::to_string(i) + "): token " + std::to_string(i) +
+                    " of the last batch was not flagged for logits");
+    }
+    return logits_.data() + static_cast<int64_t>(out_index_[i]) * n_vocab;
+}
+
+void Context::seq_rm(int seq, int32_t p0, int32_t p1) {
+    if (seq >= 0) check_seq(seq, "seq_rm");
+    kv_->seq_rm(seq, p0, p1);
+}
+
+void Context::seq_cp(int src, int dst, int32_t p0, int32_t p1) {
+    check_seq(src, "seq_cp");
+    check_seq(dst, "seq_cp");
+    kv_->seq_cp(src, dst, p0, p1);
+}
+
+void Context::seq_keep(int seq) {
+    check_seq(seq, "seq_keep");
+    kv_->seq_keep(seq);
+}
+
+void Context::clear() {
+    kv_->clear();
+    n_outputs_ = 0;
+    out_index_.clear();
+}
+
+int32_t Context::seq_pos_max(int seq) const {
+    check_seq(seq, "seq_pos_max");
+    return kv_->seq_pos_max(seq);
+}
+
+ContextMemory Context::memory_report() const {
+    ContextMemory m;
+    m.kv_bytes = kv_->bytes();
+    m.compute_bytes = compute_.size() * sizeof(float);
+    m.logits_bytes = logits_.capacity() * sizeof(float);
+    return m;
+}
+
+}  // namespace bonsai

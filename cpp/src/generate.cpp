@@ -1,0 +1,288 @@
+// bonsai_run generation (see generate.h).
+//
+// Flow: validate the options that need no model, load the model and create one context (the KV
+// cache and compute buffers are allocated there, once), print the per-layer device/type table and
+// the memory of weights / KV cache / compute buffers, then
+//   prompt mode: tokenize, prefill (the context runs it in --batch-size chunks), sample up to -n
+//     tokens, streaming each piece as soon as it completes a UTF-8 sequence, stop at end of text;
+//   chat mode (-i): read lines from stdin, wrap each as a ChatML turn when the vocabulary has
+//     <|im_start|> / <|im_end|> (plain "User:/Assistant:" turns otherwise), answer, repeat until
+//     EOF or "/exit". The cache keeps the whole conversation, so each turn only prefills its text.
+// Timing: load, prompt (prefill) tokens/s and generation tokens/s are reported at the end.
+#include "bonsai/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bonsai/context.h"
+#include "bonsai/error.h"
+#include "bonsai/model.h"
+#include "bonsai/sampling.h"
+#include "bonsai/vocab.h"
+#include "sys_memory.h"
+
+namespace bonsai {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Timing {
+    double load_ms = 0, prompt_ms = 0, gen_ms = 0;
+    int64_t prompt_tokens = 0, gen_tokens = 0;
+};
+
+std::string read_prompt_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("cannot read the prompt file '" + path + "'; check the path given to -f");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+SamplingParams sampling_from(const RunOptions& o) {
+    SamplingParams p;
+    p.temp = o.temp;
+    p.top_k = o.top_k;
+    p.top_p = o.top_p;
+    p.min_p = o.min_p;
+    p.repeat_penalty = o.repeat_penalty;
+    p.repeat_last_n = o.repeat_last_n;
+    if (o.seed >= 0) p.seed = static_cast<uint64_t>(o.seed);
+    validate_sampling_params(p);
+    return p;
+}
+
+// Token ids that end a generation: EOS plus the usual end-of-turn markers the vocabulary has.
+std::vector<int32_t> end_tokens(const Vocab& v) {
+    std::vector<int32_t> ids;
+    if (v.eos() >= 0) ids.push_back(v.eos());
+    for (const char* t : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"}) {
+        const int32_t id = v.find_token(t);
+        if (id >= 0 && v.is_control(id)) ids.push_back(id);
+    }
+    return ids;
+}
+
+class Runner {
+public:
+    Runner(std::shared_ptr<const Model> model, Context& ctx, Sampler& sampler, Timing& timing)
+        : model_(std::move(model)), ctx_(ctx), sampler_(sampler), timing_(timing),
+          vocab_(model_->vocab()), stops_(end_tokens(vocab_)) {}
+
+    // Feeds tokens at the end of the sequence; returns the logits of the last one.
+    const float* feed(const std::vector<int32_t>& toks, bool is_prompt) {
+        if (n_past_ + static_cast<int64_t>(toks.size()) > ctx_.n_ctx()) {
+            throw Error("the input is " + std::to_string(toks.size()) + " tokens but only " +
+                        std::to_string(ctx_.n_ctx() - n_past_) + " of the context's " +
+                        std::to_string(ctx_.n_ctx()) + " remain; raise --ctx-size or shorten the prompt");
+        }
+        Batch b;
+        for (size_t i = 0; i < toks.size(); ++i) {
+            b.add(toks[i], static_cast<int32_t>(n_past_ + i), 0, i + 1 == toks.size());
+        }
+        const auto t0 = Clock::now();
+        ctx_.decode(b);
+        (is_prompt ? timing_.prompt_ms : timing_.gen_ms) += ms_since(t0);
+        if (is_prompt) timing_.prompt_tokens += static_cast<int64_t>(toks.size());
+        n_past_ += static_cast<int64_t>(toks.size());
+        for (int32_t t : toks) sampler_.accept(t);
+        return ctx_.logits(-1);
+    }
+
+    // Samples up to n_predict tokens (-1: until end of text or a full context), streaming them.
+    // Returns true when it stopped at an end-of-text token (which is then in the cache too).
+    bool generate(const float* logits, int64_t n_predict) {
+        TokenStreamDecoder stream(vocab_);
+        const int64_t n_vocab = model_->hparams().n_vocab;
+        bool ended = false;
+        for (int64_t i = 0; n_predict < 0 || i < n_predict; ++i) {
+            const auto t0 = Clock::now();
+            const int32_t tok = sampler_.sample(logits, n_vocab);
+            timing_.gen_ms += ms_since(t0);
+            const bool stop = std::find(stops_.begin(), stops_.end(), tok) != stops_.end();
+            if (!stop) {
+                const std::string piece = stream.push(tok);
+                std::fwrite(piece.data(), 1, piece.size(), stdout);
+                std::fflush(stdout);
+                ++timing_.gen_tokens;
+            }
+            if (n_past_ >= ctx_.n_ctx()) {
+                std::fprintf(stderr, "\n[context full after %lld tokens; raise --ctx-size for longer output]\n",
+                             static_cast<long long>(n_past_));
+                break;
+            }
+            logits = feed({tok}, false);
+            if (stop) {
+                ended = true;
+                break;
+            }
+        }
+        const std::string rest = stream.flush();
+        std::fwrite(rest.data(), 1, rest.size(), stdout);
+        std::fflush(stdout);
+        return ended;
+    }
+
+    int64_t n_past() const { return n_past_; }
+
+private:
+    std::shared_ptr<const Model> model_;
+    Context& ctx_;
+    Sampler& sampler_;
+    Timing& timing_;
+    const Vocab& vocab_;
+    std::vector<int32_t> stops_;
+    int64_t n_past_ = 0;
+};
+
+void print_load_report(const Model& m, const Context& ctx, const RunOptions& o) {
+    const Hparams& hp = m.hparams();
+    std::fprintf(stderr, "model: %s (%s, %lld layers, n_embd %lld, %lld heads / %lld kv, vocab %lld)\n",
+                 o.model.c_str(), hp.arch.c_str(), static_cast<long long>(hp.n_layer),
+                 static_cast<long long>(hp.n_embd), static_cast<long long>(hp.n_head),
+                 static_cast<long long>(hp.n_head_kv), static_cast<long long>(hp.n_vocab));
+    std::fputs(m.layer_table().c_str(), stderr);
+    const ModelMemory mm = m.memory_report();
+    std::string types;
+    for (const auto& [name, bytes] : mm.bytes_by_type) types += " " + name + " " + format_bytes(bytes) + ",";
+    if (!types.empty()) types.pop_back();
+    const ContextMemory cm = ctx.memory_report();
+    std::fprintf(stderr, "memory (CPU): weights %s (%s;%s), KV cache %s (n_ctx %d, K %s, V %s), compute buffers %s\n",
+                 format_bytes(mm.weights_bytes).c_str(), mm.mapped ? "mapped" : "read into memory", types.c_str(),
+                 format_bytes(cm.kv_bytes).c_str(), ctx.n_ctx(), type_traits(ctx.params().type_k)->name,
+                 type_traits(ctx.params().type_v)->name, format_bytes(cm.compute_bytes + cm.logits_bytes).c_str());
+    std::fprintf(stderr, "threads: %d, batch size %d%s\n", ctx.n_threads(), ctx.params().n_batch,
+                 ctx.params().flash_attn ? ", flash attention" : "");
+}
+
+void print_timing(const Timing& t) {
+    auto rate = [](int64_t n, double ms) { return ms > 0 ? 1000.0 * static_cast<double>(n) / ms : 0.0; };
+    std::fprintf(stderr, "\n\ntiming: load %.1f ms | prompt %lld tokens in %.1f ms (%.2f tokens/s) | "
+                 "generation %lld tokens in %.1f ms (%.2f tokens/s)\n",
+                 t.load_ms, static_cast<long long>(t.prompt_tokens), t.prompt_ms, rate(t.prompt_tokens, t.prompt_ms),
+                 static_cast<long long>(t.gen_tokens), t.gen_ms, rate(t.gen_tokens, t.gen_ms));
+}
+
+void run_chat(Runner& r, const Vocab& v, const RunOptions& o, const std::string& system) {
+    const bool chatml = v.find_token("<|im_start|>") >= 0 && v.find_token("<|im_end|>") >= 0;
+    bool first = true;
+    std::string line;
+    if (!system.empty()) {
+        const std::string text = chatml ? "<|im_start|>system\n" + system + "<|im_end|>\n" : system + "\n";
+        r.feed(v.tokenize(text, true, true), true);
+        first = false;
+    }
+    std::fprintf(stderr, "chat mode (%s turns): type a message and press enter; /exit or end of input quits\n",
+                 chatml ? "ChatML" : "plain");
+    while (true) {
+        std::fputs("\n> ", stderr);
+        std::fflush(stderr);
+        if (!std::getline(std::cin, line) || line == "/exit") break;
+        if (line.empty()) continue;
+        const std::string text = chatml ? "<|im_start|>user\n" + line + "<|im_end|>\n<|im_start|>assistant\n"
+                                        : "User: " + line + "\nAssistant:";
+        const float* logits = r.feed(v.tokenize(text, first, true), true);
+        first = false;
+        const bool ended = r.generate(logits, o.n_predict);
+        if (chatml) {
+            r.feed(v.tokenize(ended ? "\n" : "<|im_end|>\n", false, true), true);
+        } else {
+            r.feed(v.tokenize("\n", false, false), true);
+        }
+    }
+}
+
+}  // namespace
+
+int run_generate(const RunOptions& o) {
+    if (o.n_predict == 0 || o.n_predict < -1) {
+        throw Error("-n/--n-predict must be a positive number of tokens (or -1 = until end of text), got " +
+                    std::to_string(o.n_predict));
+    }
+    if (o.parallel > 1) {
+        throw Error("--parallel " + std::to_string(o.parallel) + " is not supported by bonsai_run yet "
+                    "(serve parallel sequences with `bonsai serve`); use --parallel 1");
+    }
+    if (o.cache_type_k != TYPE_F16 && o.cache_type_k != TYPE_Q8_0) {
+        throw Error("--cache-type-k must be f16 or q8_0");
+    }
+    if (o.cache_type_v != TYPE_F16 && o.cache_type_v != TYPE_Q8_0) {
+        throw Error("--cache-type-v must be f16 or q8_0");
+    }
+    const SamplingParams sp = sampling_from(o);
+    std::string prompt;
+    if (o.has_prompt && !o.prompt_file.empty()) throw Error("give the prompt with -p or -f, not both");
+    if (o.has_prompt) prompt = o.prompt;
+    if (!o.prompt_file.empty()) prompt = read_prompt_file(o.prompt_file);
+    if (!o.interactive) {
+        if (!o.has_prompt && o.prompt_file.empty()) {
+            throw Error("no prompt: give -p TEXT or -f FILE (or -i for an interactive chat)");
+        }
+        if (prompt.empty()) throw Error("the prompt is empty; give some text with -p or -f");
+    }
+#ifndef BONSAI_CUDA
+    if (o.n_gpu_layers > 0 || o.cuda_graph) {
+        std::fprintf(stderr, "note: this build has no CUDA backend; --n-gpu-layers/--cuda-graph are ignored "
+                     "and every layer runs on the CPU\n");
+    }
+#endif
+
+    Timing timing;
+    const auto t_load = Clock::now();
+    ModelParams mp;
+    mp.use_mmap = o.use_mmap;
+    mp.n_gpu_layers = 0;
+    mp.tokenizer_path = o.tokenizer;
+    std::shared_ptr<const Model> model = Model::load(o.model, mp);
+    ContextParams cp;
+    cp.n_ctx = o.ctx_size > 0 ? o.ctx_size : static_cast<int>(model->hparams().n_ctx_train);
+    cp.n_batch = o.batch_size;
+    cp.n_threads = o.threads;
+    cp.type_k = o.cache_type_k;
+    cp.type_v = o.cache_type_v;
+    cp.flash_attn = o.flash_attn;
+    Context ctx(model, cp);
+    timing.load_ms = ms_since(t_load);
+    print_load_report(*model, ctx, o);
+    if (o.cache_prompt) std::fprintf(stderr, "note: --cache-prompt has no effect on a single prompt\n");
+    if (model->hparams().n_ctx_train > 0 && ctx.n_ctx() > model->hparams().n_ctx_train) {
+        std::fprintf(stderr, "note: --ctx-size %d exceeds the model's training context %lld; quality may drop "
+                     "past it\n", ctx.n_ctx(), static_cast<long long>(model->hparams().n_ctx_train));
+    }
+
+    Sampler sampler(sp);
+    std::fprintf(stderr, "sampling: temp %.2f, top_k %d, top_p %.2f, min_p %.2f, repeat_penalty %.2f "
+                 "(last %d), seed %llu\n\n", sp.temp, sp.top_k, sp.top_p, sp.min_p, sp.repeat_penalty,
+                 sp.repeat_last_n, static_cast<unsigned long long>(sampler.seed()));
+    Runner runner(model, ctx, sampler, timing);
+    const Vocab& vocab = model->vocab();
+    if (o.interactive) {
+        run_chat(runner, vocab, o, prompt);
+    } else {
+        const std::vector<int32_t> toks = vocab.tokenize(prompt, true, true);
+        if (toks.empty()) throw Error("the prompt tokenized to nothing; give some text with -p or -f");
+        if (static_cast<int64_t>(toks.size()) >= ctx.n_ctx()) {
+            throw Error("the prompt is " + std::to_string(toks.size()) + " tokens but the context holds " +
+                        std::to_string(ctx.n_ctx()) + "; raise --ctx-size or shorten the prompt");
+        }
+        std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+        std::fflush(stdout);
+        const float* logits = runner.feed(toks, true);
+        runner.generate(logits, o.n_predict);
+    }
+    print_timing(timing);
+    return 0;
+}
+
+}  // namespace bonsai

@@ -1,0 +1,134 @@
+// KV cache cells and the f16 / q8_0 row conversion (see kv_cache.h for the layout).
+#include "bonsai/kv_cache.h"
+
+#include <algorithm>
+#include <string>
+
+#include "bonsai/error.h"
+#include "bonsai/quants.h"
+
+namespace bonsai {
+
+namespace {
+
+void check_type(const char* which, GgmlType t, int64_t head_dim) {
+    if (t != TYPE_F16 && t != TYPE_Q8_0) {
+        const TypeTraits* tr = type_traits(t);
+        throw Error(std::string("KV cache type ") + which + " = " + (tr ? tr->name : "unknown") +
+                    " is not supported; use f16 or q8_0");
+    }
+    if (t == TYPE_Q8_0 && head_dim % 32 != 0) {
+        throw Error(std::string("KV cache type ") + which + " = q8_0 needs a head size that is a " +
+                    "multiple of 32, this model's is " + std::to_string(head_dim) + "; use f16");
+    }
+}
+
+}  // namespace
+
+uint64_t KvCache::bytes_needed(const KvCacheParams& p) {
+    check_type("K", p.type_k, p.head_dim);
+    check_type("V", p.type_v, p.head_dim);
+    const uint64_t rows = static_cast<uint64_t>(p.n_cells) * p.n_layer;
+    return rows * (type_row_bytes(p.type_k, p.n_embd_kv) + type_row_bytes(p.type_v, p.n_embd_kv));
+}
+
+KvCache::KvCache(const KvCacheParams& p) : p_(p) {
+    if (p.n_cells <= 0 || p.n_layer <= 0 || p.n_embd_kv <= 0 || p.head_dim <= 0 ||
+        p.n_embd_kv % p.head_dim != 0) {
+        throw Error("invalid KV cache shape: cells " + std::to_string(p.n_cells) + ", layers " +
+                    std::to_string(p.n_layer) + ", row " + std::to_string(p.n_embd_kv));
+    }
+    bytes_needed(p);
+    k_row_bytes_ = type_row_bytes(p.type_k, p.n_embd_kv);
+    v_row_bytes_ = type_row_bytes(p.type_v, p.n_embd_kv);
+    const size_t rows = static_cast<size_t>(p.n_cells) * p.n_layer;
+    k_.assign(rows * k_row_bytes_, 0);
+    v_.assign(rows * v_row_bytes_, 0);
+    pos_.assign(p.n_cells, -1);
+    seq_.assign(p.n_cells, 0);
+}
+
+int64_t KvCache::n_free() const {
+    return std::count(seq_.begin(), seq_.end(), uint64_t{0});
+}
+
+bool KvCache::find_free(int64_t n, std::vector<int32_t>& cells) const {
+    cells.clear();
+    for (int64_t c = 0; c < p_.n_cells && static_cast<int64_t>(cells.size()) < n; ++c) {
+        if (seq_[c] == 0) cells.push_back(static_cast<int32_t>(c));
+    }
+    return static_cast<int64_t>(cells.size()) == n;
+}
+
+void KvCache::claim(int32_t cell, int32_t pos, uint64_t seq_mask) {
+    pos_[cell] = pos;
+    seq_[cell] = seq_mask;
+    used_end_ = std::max<int64_t>(used_end_, cell + 1);
+}
+
+static void convert_row(GgmlType t, const float* x, uint8_t* dst, int64_t n) {
+    if (t == TYPE_F16) {
+        uint16_t* h = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
+    } else {
+        quantize_row(t, x, dst, n);
+    }
+}
+
+void KvCache::store(int64_t layer, int32_t cell, const float* k, const float* v) {
+    convert_row(p_.type_k, k, const_cast<uint8_t*>(k_row(layer, cell)), p_.n_embd_kv);
+    convert_row(p_.type_v, v, const_cast<uint8_t*>(v_row(layer, cell)), p_.n_embd_kv);
+}
+
+void KvCache::update_used_end() {
+    while (used_end_ > 0 && seq_[used_end_ - 1] == 0) --used_end_;
+}
+
+static bool in_range(int32_t pos, int32_t p0, int32_t p1) {
+    return pos >= std::max(p0, 0) && (p1 < 0 || pos < p1);
+}
+
+void KvCache::seq_rm(int seq, int32_t p0, int32_t p1) {
+    const uint64_t bits = seq < 0 ? ~uint64_t{0} : (uint64_t{1} << seq);
+    for (int64_t c = 0; c < used_end_; ++c) {
+        if ((seq_[c] & bits) && in_range(pos_[c], p0, p1)) {
+            seq_[c] &= ~bits;
+            if (seq_[c] == 0) pos_[c] = -1;
+        }
+    }
+    update_used_end();
+}
+
+void KvCache::seq_cp(int src, int dst, int32_t p0, int32_t p1) {
+    if (src == dst) return;
+    const uint64_t s = uint64_t{1} << src, d = uint64_t{1} << dst;
+    for (int64_t c = 0; c < used_end_; ++c) {
+        if ((seq_[c] & s) && in_range(pos_[c], p0, p1)) seq_[c] |= d;
+    }
+}
+
+void KvCache::seq_keep(int seq) {
+    const uint64_t bits = uint64_t{1} << seq;
+    for (int64_t c = 0; c < used_end_; ++c) {
+        seq_[c] &= bits;
+        if (seq_[c] == 0) pos_[c] = -1;
+    }
+    update_used_end();
+}
+
+void KvCache::clear() {
+    std::fill(seq_.begin(), seq_.end(), uint64_t{0});
+    std::fill(pos_.begin(), pos_.end(), -1);
+    used_end_ = 0;
+}
+
+int32_t KvCache::seq_pos_max(int seq) const {
+    const uint64_t bits = uint64_t{1} << seq;
+    int32_t m = -1;
+    for (int64_t c = 0; c < used_end_; ++c) {
+        if (seq_[c] & bits) m = std::max(m, pos_[c]);
+    }
+    return m;
+}
+
+}  // namespace bonsai

@@ -1,0 +1,187 @@
+// Model loading: open the file, pick the architecture, read and check the hyperparameters, bind
+// every tensor the architecture needs (validated by ModelLoader), load the vocabulary.
+#include "bonsai/model.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "arch/arch.h"
+#include "bonsai/error.h"
+#include "bonsai/gguf.h"
+#include "bonsai/quants.h"
+#include "bonsai/vocab.h"
+#include "model_loader.h"
+
+namespace bonsai {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& ne) {
+    std::string s = "[";
+    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "]";
+}
+
+void check_hparams(const Hparams& hp) {
+    auto need = [&](bool ok, const std::string& what) {
+        if (!ok) throw Error("invalid " + hp.arch + " hyperparameters: " + what);
+    };
+    need(hp.n_embd > 0, "embedding_length must be positive");
+    need(hp.n_layer > 0, "block_count must be positive");
+    need(hp.n_ff > 0, "feed_forward_length must be positive");
+    need(hp.n_head > 0 && hp.n_head_kv > 0, "head counts must be positive");
+    need(hp.n_head % hp.n_head_kv == 0, "attention.head_count (" + std::to_string(hp.n_head) +
+         ") must be a multiple of attention.head_count_kv (" + std::to_string(hp.n_head_kv) + ")");
+    need(hp.head_dim > 0, "head size must be positive");
+    need(hp.n_rot > 0 && hp.n_rot % 2 == 0 && hp.n_rot <= hp.head_dim,
+         "rope.dimension_count (" + std::to_string(hp.n_rot) + ") must be even and <= the head size (" +
+         std::to_string(hp.head_dim) + ")");
+    need(hp.rms_eps > 0.0f, "attention.layer_norm_rms_epsilon must be positive");
+    need(hp.rope_theta > 0.0f, "rope.freq_base must be positive");
+    need(hp.n_vocab > 0, "the vocabulary is empty");
+}
+
+}  // namespace
+
+bool ModelLoader::has(const std::string& name) const { return gguf().find_tensor(name) != nullptr; }
+
+const GgufTensor& ModelLoader::tensor(const std::string& name) const {
+    const GgufTensor* t = gguf().find_tensor(name);
+    if (!t) {
+        throw Error("tensor '" + name + "' is missing from " + gguf().path() + " (required by the " +
+                    m_.hp_.arch + " architecture); re-convert the model");
+    }
+    if (!t->supported) {
+        throw Error("tensor '" + name + "' has type " + ggml_type_name(t->file_id) +
+                    ", which this engine has no kernel for; re-convert it to F16, Q8_0 or a ternary type");
+    }
+    return *t;
+}
+
+WeightView ModelLoader::matrix(const std::string& name, int64_t cols, int64_t rows) {
+    const GgufTensor& t = tensor(name);
+    if (t.ne.size() != 2 || t.ne[0] != cols || t.ne[1] != rows) {
+        throw Error("tensor '" + name + "' has shape " + shape_str(t.ne) + ", expected [" +
+                    std::to_string(cols) + ", " + std::to_string(rows) + "] from the hyperparameters");
+    }
+    const TypeTraits* tr = type_traits(t.type);
+    if (!tr || cols % tr->block_size != 0) {
+        throw Error("tensor '" + name + "' of type " + ggml_type_name(t.file_id) + " has rows of " +
+                    std::to_string(cols) + " elements, not a multiple of the block size");
+    }
+    WeightView w{};
+    w.type = t.type;
+    w.data = t.data;
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = type_row_bytes(t.type, cols);
+    if (t.nbytes < static_cast<uint64_t>(w.row_bytes) * rows) {
+        throw Error("tensor '" + name + "' holds " + std::to_string(t.nbytes) + " bytes, fewer than its shape needs");
+    }
+    m_.used_tensors_.emplace_back(t.type, static_cast<uint64_t>(w.row_bytes) * rows);
+    return w;
+}
+
+std::vector<float> ModelLoader::vector(const std::string& name, int64_t n) {
+    const GgufTensor& t = tensor(name);
+    if (t.n_elements() != n || t.ne.empty() || t.ne[0] != n) {
+        throw Error("tensor '" + name + "' has shape " + shape_str(t.ne) + ", expected [" +
+                    std::to_string(n) + "] from the hyperparameters");
+    }
+    const TypeTraits* tr = type_traits(t.type);
+    if (!tr || n % tr->block_size != 0) {
+        throw Error("tensor '" + name + "' of type " + ggml_type_name(t.file_id) + " cannot hold " +
+                    std::to_string(n) + " elements; store it as F32");
+    }
+    std::vector<float> out(n);
+    dequantize_row(t.type, t.data, out.data(), n);
+    m_.used_tensors_.emplace_back(t.type, t.nbytes);
+    return out;
+}
+
+Model::~Model() = default;
+
+std::shared_ptr<const Model> Model::load(const std::string& path, const ModelParams& params) {
+    std::shared_ptr<Model> m(new Model());
+    m->params_ = params;
+    if (params.n_gpu_layers < 0) throw Error("n_gpu_layers must be >= 0, got " + std::to_string(params.n_gpu_layers));
+    m->gguf_ = GgufFile::open(path, params.use_mmap);
+    const GgufFile& f = *m->gguf_;
+
+    for (const GgufKv& kv : f.metadata()) {
+        if (kv.key.rfind("prism.hadamard", 0) == 0) {
+            throw Error(path + " carries '" + kv.key + "': its weights are pre-rotated by a Hadamard "
+                        "transform, which this engine does not support yet (running it would give "
+                        "wrong output); use a file converted without the rotation");
+        }
+    }
+    if (!f.has("general.architecture")) {
+        throw Error(path + " has no general.architecture key; it is not a model file (re-convert it)");
+    }
+    Hparams& hp = m->hp_;
+    hp.arch = f.get_string("general.architecture");
+    m->arch_ = &find_arch(hp.arch);
+    m->arch_->load_hparams(f, hp);
+
+    const GgufTensor* emb = f.find_tensor("token_embd.weight");
+    if (!emb) throw Error("tensor 'token_embd.weight' is missing from " + path + "; re-convert the model");
+    const std::string vkey = hp.arch + ".vocab_size";
+    hp.n_vocab = f.has(vkey) ? static_cast<int64_t>(f.get_u64(vkey))
+                             : (emb->ne.size() == 2 ? emb->ne[1] : 0);
+    check_hparams(hp);
+
+    ModelLoader ld(*m);
+    m->tok_embd_ = ld.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+    m->output_norm_ = ld.vector("output_norm.weight", hp.n_embd);
+    hp.tied_output = !ld.has("output.weight");
+    m->output_ = hp.tied_output ? m->tok_embd_ : ld.matrix("output.weight", hp.n_embd, hp.n_vocab);
+    if (ld.has("rope_freqs.weight")) m->rope_freqs_ = ld.vector("rope_freqs.weight", hp.n_rot / 2);
+    m->layers_.resize(hp.n_layer);
+    for (int64_t il = 0; il < hp.n_layer; ++il) m->arch_->load_layer(ld, hp, il, m->layers_[il]);
+
+    m->vocab_ = std::make_unique<Vocab>(Vocab::from_gguf(f));
+    m->vocab_->check_compatible(hp.n_vocab);
+    if (!params.tokenizer_path.empty()) {
+        auto override_vocab = std::make_unique<Vocab>(Vocab::from_spm_model_file(params.tokenizer_path));
+        override_vocab->check_replaces(*m->vocab_, hp.n_vocab);
+        m->vocab_ = std::move(override_vocab);
+    }
+    if (params.verbose) {
+        std::fprintf(stderr, "%s: %s, %lld layers, vocab %lld\n%s", path.c_str(), hp.arch.c_str(),
+                     static_cast<long long>(hp.n_layer), static_cast<long long>(hp.n_vocab), m->layer_table().c_str());
+        if (params.n_gpu_layers > 0) {
+            std::fprintf(stderr, "note: this build has no CUDA backend; every layer runs on the CPU\n");
+        }
+    }
+    return m;
+}
+
+ModelMemory Model::memory_report() const {
+    ModelMemory r;
+    for (const auto& [type, bytes] : used_tensors_) {
+        r.weights_bytes += bytes;
+        const TypeTraits* tr = type_traits(type);
+        r.bytes_by_type[tr ? tr->name : "?"] += bytes;
+    }
+    r.file_bytes = gguf_->file_size();
+    r.mapped = gguf_->mapping()->is_mapped();
+    return r;
+}
+
+std::string Model::layer_table() const {
+    auto tn = [](const WeightView& w) { return std::string(type_traits(w.type)->name); };
+    std::ostringstream os;
+    os << "token_embd: CPU " << tn(tok_embd_) << "\n";
+    for (size_t il = 0; il < layers_.size(); ++il) {
+        const LayerWeights& w = layers_[il];
+        char head[32];
+        std::snprintf(head, sizeof head, "layer %3zu: CPU", il);
+        os << head << "  q " << tn(w.wq) << "  k " << tn(w.wk) << "  v " << tn(w.wv) << "  o "
+           << tn(w.wo) << "  gate " << tn(w.w_gate) << "  up " << tn(w.w_up) << "  down "
+           << tn(w.w_down) << "\n";
+    }
+    os << "output: CPU " << tn(output_) << (hp_.tied_output ? " (tied to token_embd)" : "") << "\n";
+    return os.str();
+}
+
+}  // namespace bonsai

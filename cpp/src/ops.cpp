@@ -1,0 +1,61 @@
+// Device-agnostic matrix ops: validate shapes and types once, then dispatch to the CPU backend.
+#include "bonsai/ops.h"
+
+#include <string>
+
+#include "../backends/cpu/cpu_features.h"
+#include "../backends/cpu/matmul.h"
+#include "bonsai/error.h"
+
+namespace bonsai {
+
+namespace {
+
+void validate_weight(const char* op, const WeightView& w) {
+    const TypeTraits* t = type_traits(w.type);
+    if (!t)
+        throw Error(std::string(op) + ": unsupported weight type " + ggml_type_name(static_cast<uint32_t>(w.type)) +
+                    " (supported: F32, F16, BF16, Q8_0, Q4_0, TQ1_0, TQ2_0, Q2_0, Q2_0_G128, PQ2_0, PTQ1_0)");
+    if (w.rows < 0 || w.cols <= 0)
+        throw Error(std::string(op) + ": bad weight shape " + std::to_string(w.rows) + " x " +
+                    std::to_string(w.cols) + " (rows >= 0, cols > 0 required)");
+    if (w.cols % t->block_size != 0)
+        throw Error(std::string(op) + ": " + t->name + " weight has " + std::to_string(w.cols) +
+                    " columns, not a multiple of its block size " + std::to_string(t->block_size));
+    const size_t need = type_row_bytes(w.type, w.cols);
+    if (w.row_bytes != need)
+        throw Error(std::string(op) + ": " + t->name + " weight with " + std::to_string(w.cols) + " columns needs " +
+                    std::to_string(need) + " bytes per row, got " + std::to_string(w.row_bytes) +
+                    " (wrong type for this tensor?)");
+    if (w.rows > 0 && !w.data) throw Error(std::string(op) + ": weight data is null");
+}
+
+}  // namespace
+
+void matmul_on_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode,
+                    ThreadPool& pool, CpuPath path) {
+    validate_weight("matmul", w);
+    if (n_tokens < 0) throw Error("matmul: n_tokens must be >= 0 (got " + std::to_string(n_tokens) + ")");
+    if (n_tokens > 0 && w.rows > 0 && (!x || !y)) throw Error("matmul: null activation or output pointer");
+    if (mode != ActMode::INT8 && mode != ActMode::FLOAT) throw Error("matmul: unknown activation mode");
+    if (!cpu::cpu_path_available(path))
+        throw Error(std::string("matmul: CPU path '") + cpu_path_name(path) + "' is not supported by this CPU");
+    cpu::matmul_cpu(w, x, n_tokens, y, mode, pool, path);
+}
+
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool) {
+    matmul_on_path(w, x, n_tokens, y, mode, pool, active_cpu_path());
+}
+
+void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) {
+    validate_weight("get_rows", w);
+    if (n < 0) throw Error("get_rows: n must be >= 0");
+    if (n > 0 && (!ids || !out)) throw Error("get_rows: null ids or output pointer");
+    for (int64_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= w.rows)
+            throw Error("get_rows: row id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                        " is outside [0, " + std::to_string(w.rows) + ")");
+    cpu::get_rows_cpu(w, ids, n, out);
+}
+
+}  // namespace bonsai

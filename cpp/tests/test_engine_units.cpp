@@ -1,0 +1,252 @@
+// Unit tests of the engine pieces that need no model file: the sampler (greedy, filters,
+// determinism under a seed, validation), the KV cache cells (claim, seq_rm / seq_cp / seq_keep,
+// f16 and q8_0 round trips, type checks) and the building blocks (RMSNorm, both rope layouts,
+// softmax, attention's two variants against each other and against a direct computation).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../backends/cpu/layers_cpu.h"
+#include "bonsai/error.h"
+#include "bonsai/kv_cache.h"
+#include "bonsai/quants.h"
+#include "bonsai/sampling.h"
+#include "bonsai/thread_pool.h"
+#include "layers.h"
+
+using namespace bonsai;
+
+static int g_failures = 0;
+
+#define CHECK(cond)                                                                         \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
+            ++g_failures;                                                                   \
+        }                                                                                   \
+    } while (0)
+
+static void check_throws(const std::function<void()>& f, const std::string& needle, int line) {
+    try {
+        f();
+    } catch (const Error& e) {
+        if (std::string(e.what()).find(needle) == std::string::npos) {
+            std::fprintf(stderr, "line %d: error \"%s\" does not mention \"%s\"\n", line, e.what(), needle.c_str());
+            ++g_failures;
+        }
+        return;
+    }
+    std::fprintf(stderr, "line %d: expected bonsai::Error mentioning \"%s\"\n", line, needle.c_str());
+    ++g_failures;
+}
+#define CHECK_THROWS(expr, needle) check_throws([&] { expr; }, needle, __LINE__)
+
+static void test_sampler() {
+    std::vector<float> logits(500);
+    std::mt19937 g(1);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (float& x : logits) x = nd(g);
+    const int32_t best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+
+    SamplingParams greedy;
+    greedy.temp = 0.0f;
+    CHECK(Sampler(greedy).sample(logits.data(), 500) == best);
+
+    SamplingParams p;
+    p.temp = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = 99;
+    Sampler a(p), b(p);
+    std::vector<int32_t> da, db;
+    for (int i = 0; i < 100; ++i) {
+        da.push_back(a.sample(logits.data(), 500));
+        db.push_back(b.sample(logits.data(), 500));
+    }
+    CHECK(da == db);
+    a.reset();
+    for (int i = 0; i < 100; ++i) CHECK(a.sample(logits.data(), 500) == da[i]);
+
+    // top-p 1e-6 keeps only the best token
+    p.top_p = 1e-6f;
+    Sampler c(p);
+    for (int i = 0; i < 50; ++i) CHECK(c.sample(logits.data(), 500) == best);
+
+    // repeat penalty over the last 2 accepted tokens only
+    SamplingParams r;
+    r.temp = 0.0f;
+    r.repeat_penalty = 10.0f;
+    r.repeat_last_n = 2;
+    Sampler s(r);
+    const float three[3] = {2.0f, 1.9f, 1.8f};
+    s.accept(0);
+    CHECK(s.sample(three, 3) == 1);
+    s.accept(1);
+    CHECK(s.sample(three, 3) == 2);
+    s.accept(2);  // history is now {1, 2}: token 0 is free again
+    CHECK(s.sample(three, 3) == 0);
+
+    SamplingParams bad;
+    bad.temp = -0.5f;
+    CHECK_THROWS(Sampler{bad}, "temperature");
+    bad = SamplingParams{};
+    bad.top_p = 0.0f;
+    CHECK_THROWS(Sampler{bad}, "top_p");
+    bad = SamplingParams{};
+    bad.min_p = 2.0f;
+    CHECK_THROWS(Sampler{bad}, "min_p");
+    bad = SamplingParams{};
+    bad.repeat_penalty = -1.0f;
+    CHECK_THROWS(Sampler{bad}, "repeat_penalty");
+    std::vector<float> nan_logits = {0.0f, NAN};
+    CHECK_THROWS(Sampler(greedy).sample(nan_logits.data(), 2), "NaN");
+}
+
+static void test_kv_cache() {
+    KvCacheParams p;
+    p.n_cells = 8;
+    p.n_layer = 2;
+    p.n_embd_kv = 64;
+    p.head_dim = 32;
+    p.type_k = TYPE_Q8_0;
+    p.type_v = TYPE_F16;
+    KvCache kv(p);
+    CHECK(kv.bytes() == 8u * 2 * (2 * 34 + 64 * 2));
+    std::vector<int32_t> cells;
+    CHECK(kv.find_free(8, cells) && !kv.find_free(9, cells));
+    for (int c = 0; c < 4; ++c) kv.claim(c, c, 1);  // seq 0, positions 0..3
+    CHECK(kv.n_free() == 4 && kv.used_end() == 4);
+    kv.seq_cp(0, 1, 0, 2);  // positions 0, 1 shared with seq 1
+    CHECK(kv.seq_pos_max(1) == 1 && kv.cell_seq(0) == 3);
+    kv.seq_rm(0, 2, -1);
+    CHECK(kv.seq_pos_max(0) == 1 && kv.n_free() == 6 && kv.used_end() == 2);
+    kv.seq_keep(1);
+    CHECK(kv.seq_pos_max(0) == -1 && kv.seq_pos_max(1) == 1 && kv.n_free() == 6);
+    kv.seq_rm(-1, -1, -1);
+    CHECK(kv.n_free() == 8 && kv.used_end() == 0);
+
+    std::vector<float> k(64), v(64), back(64);
+    for (int i = 0; i < 64; ++i) {
+        k[i] = std::sin(0.3f * i) * 3.0f;
+        v[i] = std::cos(0.2f * i);
+    }
+    kv.store(1, 5, k.data(), v.data());
+    dequantize_row(TYPE_Q8_0, kv.k_row(1, 5), back.data(), 64);
+    for (int i = 0; i < 64; ++i) CHECK(std::fabs(back[i] - k[i]) <= 3.0f / 127.0f);
+    dequantize_row(TYPE_F16, kv.v_row(1, 5), back.data(), 64);
+    for (int i = 0; i < 64; ++i) CHECK(std::fabs(back[i] - v[i]) <= 1e-3f);
+
+    p.head_dim = 16;
+    p.n_embd_kv = 64;
+    CHECK_THROWS(KvCache{p}, "multiple of 32");
+    p.type_k = TYPE_Q4_0;
+    CHECK_THROWS(KvCache{p}, "f16 or q8_0");
+}
+
+static void test_blocks() {
+    // RMSNorm
+    const float x[4] = {1.0f, -2.0f, 3.0f, -4.0f}, w[4] = {1.0f, 1.0f, 2.0f, 0.5f};
+    float y[4];
+    rms_norm(x, w, 1, 4, 0.0f, y);
+    const float r = std::sqrt((1.0f + 4.0f + 9.0f + 16.0f) / 4.0f);
+    CHECK(std::fabs(y[2] - 3.0f / r * 2.0f) < 1e-6f && std::fabs(y[3] + 4.0f / r * 0.5f) < 1e-6f);
+
+    // rope: NORMAL rotates (x0, x1), NEOX rotates (x0, x2) for n_rot 4 at position 1
+    RopeParams rp;
+    rp.n_rot = 4;
+    rp.theta_base = 100.0f;
+    const int32_t pos = 1;
+    float cs[4];
+    rope_table(&pos, 1, rp, cs);
+    CHECK(std::fabs(cs[0] - std::cos(1.0f)) < 1e-6f && std::fabs(cs[3] - std::sin(0.1f)) < 1e-6f);
+    float a[4] = {1.0f, 0.0f, 0.0f, 0.0f};
+    rope_apply(a, 1, 1, 4, rp, cs);
+    CHECK(std::fabs(a[0] - std::cos(1.0f)) < 1e-6f && std::fabs(a[1] - std::sin(1.0f)) < 1e-6f);
+    rp.type = RopeType::NEOX;
+    float b[4] = {1.0f, 0.0f, 0.0f, 0.0f};
+    rope_apply(b, 1, 1, 4, rp, cs);
+    CHECK(std::fabs(b[0] - std::cos(1.0f)) < 1e-6f && std::fabs(b[2] - std::sin(1.0f)) < 1e-6f && b[1] == 0.0f);
+
+    float sm[3] = {0.0f, std::log(2.0f), -INFINITY};
+    cpu::softmax(sm, 3);
+    CHECK(std::fabs(sm[0] - 1.0f / 3) < 1e-6f && std::fabs(sm[1] - 2.0f / 3) < 1e-6f && sm[2] == 0.0f);
+
+    // attention: 3 cached tokens of one sequence, 4 query heads over 2 kv heads, both variants
+    KvCacheParams p;
+    p.n_cells = 6;
+    p.n_layer = 1;
+    p.n_embd_kv = 2 * 8;
+    p.head_dim = 8;
+    KvCache kv(p);
+    std::mt19937 g(3);
+    std::normal_distribution<float> nd;
+    std::vector<float> ks(3 * 16), vs(3 * 16), q(3 * 32);
+    for (float& t : ks) t = nd(g);
+    for (float& t : vs) t = nd(g);
+    for (float& t : q) t = nd(g);
+    for (int t = 0; t < 3; ++t) {
+        kv.claim(t, t, 1);
+        kv.store(0, t, ks.data() + t * 16, vs.data() + t * 16);
+    }
+    kv.claim(3, 0, 2);  // another sequence's cell: must be invisible
+    const int32_t qpos[3] = {0, 1, 2};
+    const uint64_t qseq[3] = {1, 1, 1};
+    ThreadPool pool(2);
+    std::vector<float> out1(3 * 32), out2(3 * 32);
+    AttentionArgs args;
+    args.q = q.data();
+    args.n_tokens = 3;
+    args.pos = qpos;
+    args.seq_mask = qseq;
+    args.kv = &kv;
+    args.n_head = 4;
+    args.n_head_kv = 2;
+    args.head_dim = 8;
+    args.scale = 1.0f / std::sqrt(8.0f);
+    const size_t per = attention_scratch_floats(6, 4, 2, 8);
+    std::vector<float> scratch(per * 2);
+    args.out = out1.data();
+    attention(args, scratch.data(), per, pool);
+    args.flash = true;
+    args.out = out2.data();
+    attention(args, scratch.data(), per, pool);
+    for (int t = 0; t < 3; ++t) {
+        for (int h = 0; h < 4; ++h) {
+            const int hk = h / 2;
+            std::vector<double> s(t + 1);
+            double m = -1e30, sum = 0;
+            for (int u = 0; u <= t; ++u) {
+                double d = 0;
+                for (int i = 0; i < 8; ++i) {
+                    d += q[t * 32 + h * 8 + i] * fp16_to_fp32(fp32_to_fp16(ks[u * 16 + hk * 8 + i]));
+                }
+                s[u] = d / std::sqrt(8.0);
+                m = std::max(m, s[u]);
+            }
+            for (double& e : s) sum += (e = std::exp(e - m));
+            for (int i = 0; i < 8; ++i) {
+                double o = 0;
+                for (int u = 0; u <= t; ++u) o += s[u] / sum * fp16_to_fp32(fp32_to_fp16(vs[u * 16 + hk * 8 + i]));
+                CHECK(std::fabs(out1[t * 32 + h * 8 + i] - o) < 1e-5);
+                CHECK(std::fabs(out2[t * 32 + h * 8 + i] - o) < 1e-5);
+            }
+        }
+    }
+}
+
+int main() {
+    test_sampler();
+    test_kv_cache();
+    test_blocks();
+    if (g_failures) {
+        std::fprintf(stderr, "%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::puts("test_engine_units: all checks passed");
+    return 0;
+}

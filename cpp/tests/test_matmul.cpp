@@ -1,0 +1,209 @@
+// C++ unit test of the thread pool and the CPU matmul: chunk coverage, exceptions and nesting in
+// ThreadPool; INT8 results bit-identical across every available path and thread count, close to a
+// double-precision reference built from the scalar block unpacker; shape errors throw.
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#if defined(__unix__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include "../backends/cpu/block_unpack.h"
+#include "../backends/cpu/cpu_features.h"
+#include "bonsai/error.h"
+#include "bonsai/ops.h"
+#include "bonsai/quants.h"
+#include "bonsai/types.h"
+
+using namespace bonsai;
+
+static int g_failures = 0;
+#define CHECK(cond)                                                        \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+            ++g_failures;                                                  \
+        }                                                                  \
+    } while (0)
+
+template <class F>
+static bool throws(F&& f) {
+    try {
+        f();
+    } catch (const Error&) {
+        return true;
+    }
+    return false;
+}
+
+static void test_thread_pool() {
+    for (int threads : {1, 2, 3, 5}) {
+        ThreadPool pool(threads);
+        CHECK(pool.size() == threads);
+        for (int64_t n : {0, 1, 2, 7, 1000}) {
+            std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+            for (auto& h : hits) h = 0;
+            pool.parallel_for(n, [&](int64_t b, int64_t e, int ti) {
+                CHECK(ti >= 0 && ti < threads);
+                for (int64_t i = b; i < e; ++i) hits[i]++;
+            });
+            for (auto& h : hits) CHECK(h.load() == 1);
+        }
+        bool caught = false;
+        try {
+            pool.parallel_for(10, [](int64_t, int64_t, int) { throw Error("boom"); });
+        } catch (const Error&) {
+            caught = true;
+        }
+        CHECK(caught);
+        std::atomic<int> inner{0};
+        pool.parallel_for(4, [&](int64_t b, int64_t e, int) {
+            pool.parallel_for(e - b, [&](int64_t ib, int64_t ie, int) { inner += static_cast<int>(ie - ib); });
+        });
+        CHECK(inner.load() == 4);
+    }
+    CHECK(throws([] { ThreadPool p(0); }));
+}
+
+struct Case {
+    GgmlType type;
+    int64_t cols;
+};
+
+static std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+    const TypeTraits* t = type_traits(type);
+    std::vector<uint8_t> w(static_cast<size_t>(rows) * type_row_bytes(type, cols));
+    for (auto& b : w) b = static_cast<uint8_t>(rng());
+    const cpu::BlockInfo* bi = cpu::block_info(type);
+    if (!bi) return w;  // F32 / F16 / BF16: raw random bits
+    for (size_t off = 0; off < w.size(); off += static_cast<size_t>(t->type_size)) {
+        // a moderate fp16 scale: exponent 0b01010..0b01100, random mantissa and sign
+        const uint16_t h = static_cast<uint16_t>((rng() & 0x83ffu) | (0x28u + rng() % 3) << 10);
+        std::memcpy(&w[off + bi->d_offset], &h, 2);
+    }
+    return w;
+}
+
+static void test_int8_paths() {
+    const Case cases[] = {{TYPE_PTQ1_0, 384}, {TYPE_PTQ1_0, 2048}, {TYPE_TQ1_0, 512},  {TYPE_TQ2_0, 768},
+                          {TYPE_Q2_0, 320},   {TYPE_Q2_0_G128, 640}, {TYPE_PQ2_0, 384}, {TYPE_Q4_0, 96},
+                          {TYPE_Q8_0, 224}};
+    std::mt19937 rng(42);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    ThreadPool pool1(1), pool2(2);
+    for (const Case& c : cases) {
+        const int64_t rows = 29;
+        std::vector<uint8_t> w = random_weight(c.type, rows, c.cols, rng);
+        const WeightView wv{c.type, w.data(), rows, c.cols, type_row_bytes(c.type, c.cols)};
+        for (int64_t nt : {1, 4, 19}) {
+            std::vector<float> x(static_cast<size_t>(nt * c.cols));
+            for (auto& v : x) v = nd(rng);
+            std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
+            matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
+            for (CpuPath p : available_cpu_paths())
+                for (ThreadPool* pool : {&pool1, &pool2})
+                    for (bool vbmi : {false, true}) {  // both AVX-512 base-3 unpackers
+                        cpu::set_avx512_vbmi_enabled(vbmi);
+                        std::fill(y.begin(), y.end(), -1.0f);
+                        matmul_on_path(wv, x.data(), nt, y.data(), ActMode::INT8, *pool, p);
+                        CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+                    }
+            cpu::set_avx512_vbmi_enabled(true);
+            // The kernels' block unpacker agrees with the reference dequantizer.
+            std::vector<float> wd(static_cast<size_t>(c.cols)), wref(wd.size());
+            for (int64_t r = 0; r < rows; ++r) {
+                cpu::dequantize_row_cpu(c.type, w.data() + r * wv.row_bytes, c.cols, wd.data());
+                dequantize_row(c.type, w.data() + r * wv.row_bytes, wref.data(), c.cols);
+                CHECK(std::memcmp(wd.data(), wref.data(), wd.size() * sizeof(float)) == 0);
+            }
+            // Float-mode result against a double reference of the dequantized weights.
+            matmul_on_path(wv, x.data(), nt, y.data(), ActMode::FLOAT, pool2, active_cpu_path());
+            for (int64_t r = 0; r < rows; ++r) {
+                cpu::dequantize_row_cpu(c.type, w.data() + r * wv.row_bytes, c.cols, wd.data());
+                for (int64_t t = 0; t < nt; ++t) {
+                    double s = 0, sa = 0;
+                    for (int64_t k = 0; k < c.cols; ++k) {
+                        s += static_cast<double>(wd[k]) * x[t * c.cols + k];
+                        sa += std::fabs(static_cast<double>(wd[k]) * x[t * c.cols + k]);
+                    }
+                    CHECK(std::fabs(y[t * rows + r] - s) <= 1e-5 * sa + 1e-30);
+                    // INT8 result: within the activation quantization error of the float one.
+                    CHECK(std::fabs(ref[t * rows + r] - s) <= 0.05 * sa + 1e-30);
+                }
+            }
+        }
+    }
+}
+
+// Weights that end exactly at a page followed by an inaccessible page: any kernel read past the
+// last block faults. Every type, path, mode and tile shape runs over them.
+static void test_no_read_past_end() {
+#if defined(__unix__)
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const GgmlType types[] = {TYPE_PTQ1_0, TYPE_TQ1_0, TYPE_TQ2_0, TYPE_Q2_0, TYPE_Q2_0_G128, TYPE_PQ2_0,
+                              TYPE_Q4_0,   TYPE_Q8_0,  TYPE_F32,   TYPE_F16,  TYPE_BF16};
+    std::mt19937 rng(3);
+    ThreadPool pool(2);
+    for (GgmlType type : types) {
+        const int64_t cols = type_traits(type)->block_size == 256 ? 768 : 640, rows = 7;
+        std::vector<uint8_t> w = random_weight(type, rows, cols, rng);
+        const size_t pages = (w.size() + page - 1) / page + 1;
+        void* mem = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(mem != MAP_FAILED);
+        if (mem == MAP_FAILED) return;
+        uint8_t* guard = static_cast<uint8_t*>(mem) + (pages - 1) * page;
+        mprotect(guard, page, PROT_NONE);
+        uint8_t* data = guard - w.size();
+        std::memcpy(data, w.data(), w.size());
+        const WeightView wv{type, data, rows, cols, type_row_bytes(type, cols)};
+        for (int64_t nt : {1, 2, 3, 17}) {
+            std::vector<float> x(static_cast<size_t>(nt * cols), 0.25f), y(static_cast<size_t>(nt * rows));
+            for (CpuPath p : available_cpu_paths())
+                for (ActMode mode : {ActMode::INT8, ActMode::FLOAT})
+                    matmul_on_path(wv, x.data(), nt, y.data(), mode, pool, p);
+        }
+        const int32_t last = static_cast<int32_t>(rows - 1);
+        std::vector<float> row(static_cast<size_t>(cols));
+        get_rows(wv, &last, 1, row.data());
+        munmap(mem, pages * page);
+    }
+#endif
+}
+
+static void test_errors_and_paths() {
+    ThreadPool pool(1);
+    std::vector<uint8_t> w(4 * 28);
+    std::vector<float> x(128), y(4);
+    CHECK(throws([&] { matmul(WeightView{TYPE_PTQ1_0, w.data(), 4, 128, 27}, x.data(), 1, y.data(), ActMode::INT8, pool); }));
+    CHECK(throws([&] { matmul(WeightView{TYPE_PTQ1_0, w.data(), 1, 100, 28}, x.data(), 1, y.data(), ActMode::INT8, pool); }));
+    CHECK(throws([&] { matmul(WeightView{static_cast<GgmlType>(12), w.data(), 1, 128, 28}, x.data(), 1, y.data(), ActMode::INT8, pool); }));
+    CHECK(throws([&] { matmul(WeightView{TYPE_PTQ1_0, nullptr, 4, 128, 28}, x.data(), 1, y.data(), ActMode::INT8, pool); }));
+    CHECK(!throws([&] { matmul(WeightView{TYPE_PTQ1_0, w.data(), 4, 128, 28}, x.data(), 1, y.data(), ActMode::INT8, pool); }));
+    const int32_t bad_id = 4;
+    CHECK(throws([&] { get_rows(WeightView{TYPE_PTQ1_0, w.data(), 4, 128, 28}, &bad_id, 1, x.data()); }));
+    CHECK(throws([] { parse_cpu_path("neon"); }));
+    const CpuPath before = active_cpu_path();
+    for (CpuPath p : available_cpu_paths()) {
+        set_cpu_path(p);
+        CHECK(active_cpu_path() == p);
+    }
+    set_cpu_path(before);
+}
+
+int main() {
+    test_thread_pool();
+    test_int8_paths();
+    test_no_read_past_end();
+    test_errors_and_paths();
+    if (g_failures) {
+        std::fprintf(stderr, "%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::puts("test_matmul: ok");
+    return 0;
+}

@@ -1,0 +1,105 @@
+// Matrix ops for Python: matmul and get_rows on numpy arrays, the CPU kernel paths. Releases the GIL
+// around the kernels; thread pools are cached per thread count.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bind.h"
+#include "bonsai/error.h"
+#include "bonsai/ops.h"
+
+namespace py = pybind11;
+
+namespace bonsai_py {
+
+namespace {
+
+using U8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+bonsai::ThreadPool& pool_for(int threads) {
+    if (threads < 1) throw bonsai::Error("threads must be >= 1 (got " + std::to_string(threads) + ")");
+    static std::mutex m;
+    static std::map<int, std::unique_ptr<bonsai::ThreadPool>> pools;
+    std::lock_guard<std::mutex> lk(m);
+    auto& p = pools[threads];
+    if (!p) p = std::make_unique<bonsai::ThreadPool>(threads);
+    return *p;
+}
+
+bonsai::WeightView weight_view(uint32_t type, const U8Array& w, int64_t cols) {
+    if (w.ndim() != 2) throw bonsai::Error("w must be a 2-D uint8 array (rows, row_bytes)");
+    return bonsai::WeightView{static_cast<bonsai::GgmlType>(type), w.data(), static_cast<int64_t>(w.shape(0)), cols,
+                              static_cast<size_t>(w.shape(1))};
+}
+
+bonsai::ActMode parse_mode(const std::string& mode) {
+    if (mode == "int8") return bonsai::ActMode::INT8;
+    if (mode == "float") return bonsai::ActMode::FLOAT;
+    throw bonsai::Error("mode must be 'int8' or 'float' (got '" + mode + "')");
+}
+
+}  // namespace
+
+void bind_ops(py::module_& m) {
+    m.def(
+        "matmul",
+        [](uint32_t type, const U8Array& w, int64_t cols, const F32Array& x, const std::string& mode, int threads,
+           std::optional<std::string> path) {
+            const bonsai::WeightView wv = weight_view(type, w, cols);
+            if (x.ndim() != 2 || x.shape(1) != cols)
+                throw bonsai::Error("x must be a 2-D float32 array (n_tokens, cols=" + std::to_string(cols) + ")");
+            const bonsai::ActMode am = parse_mode(mode);
+            const bonsai::CpuPath cp = path ? bonsai::parse_cpu_path(*path) : bonsai::active_cpu_path();
+            bonsai::ThreadPool& pool = pool_for(threads);
+            const int64_t n_tokens = x.shape(0);
+            py::array_t<float> y({static_cast<py::ssize_t>(n_tokens), static_cast<py::ssize_t>(wv.rows)});
+            float* yp = y.mutable_data();
+            const float* xp = x.data();
+            {
+                py::gil_scoped_release release;
+                bonsai::matmul_on_path(wv, xp, n_tokens, yp, am, pool, cp);
+            }
+            return y;
+        },
+        py::arg("type"), py::arg("w"), py::arg("cols"), py::arg("x"), py::arg("mode") = "int8", py::arg("threads") = 1,
+        py::arg("path") = py::none(),
+        "y (n_tokens, rows) = x @ W.T for a weight of engine type `type` stored as uint8 rows.");
+    m.def(
+        "get_rows",
+        [](uint32_t type, const U8Array& w, int64_t cols, const I32Array& ids) {
+            const bonsai::WeightView wv = weight_view(type, w, cols);
+            if (ids.ndim() != 1) throw bonsai::Error("ids must be a 1-D int32 array");
+            const int64_t n = ids.shape(0);
+            py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(cols)});
+            float* op = out.mutable_data();
+            const int32_t* ip = ids.data();
+            {
+                py::gil_scoped_release release;
+                bonsai::get_rows(wv, ip, n, op);
+            }
+            return out;
+        },
+        py::arg("type"), py::arg("w"), py::arg("cols"), py::arg("ids"),
+        "Dequantized rows W[ids] as float32 (n, cols).");
+    m.def(
+        "cpu_paths",
+        [] {
+            std::vector<std::string> out;
+            for (bonsai::CpuPath p : bonsai::available_cpu_paths()) out.emplace_back(bonsai::cpu_path_name(p));
+            return out;
+        },
+        "CPU kernel paths this machine supports (scalar, avx2, avx512).");
+    m.def("cpu_path", [] { return std::string(bonsai::cpu_path_name(bonsai::active_cpu_path())); },
+          "The CPU kernel path used by default.");
+}
+
+}  // namespace bonsai_py
