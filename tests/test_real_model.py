@@ -1,8 +1,8 @@
 """The real model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M from PyPI) through our converter.
 
-Converted to F16 with `bonsai convert` and to Q8_0 with scripts/fetch_real_model.py: `bonsai inspect` describes both; every F16 tensor
-is exactly the gguf package's dequantization of the Q4_K_M tensor rounded to fp16; llama-cpp-python
-(upstream llama.cpp) runs our F16 file with the same logits as the float64 numpy reference; and it
+Converted to F16 with `bonsai convert` and to Q8_0 with scripts/fetch_real_model.py: `bonsai
+inspect` describes both; every F16 tensor is exactly the gguf package's dequantization of the
+Q4_K_M tensor rounded to fp16; llama-cpp-python (upstream llama.cpp) runs our F16 file with the same logits as the float64 numpy reference; and it
 tokenizes with our F16 file exactly as with the original file, so the tokenizer metadata survived.
 """
 

@@ -3,8 +3,10 @@
 Tiny random models are written as GGUF files by the `gguf` package (independently of this
 project's converter and writer) from Hugging Face-layout weights, with llama.cpp's q/k row
 permutation for llama. The reference's logits on such a file must equal those of an independent
-forward written directly on the HF weights with HF's rotate_half rope (tests/hf_forward.py), files from tests/tiny_gguf.py; then
-prefix, cache, tied-head and rope-factor consistency, and clear errors on bad files.
+forward written directly on the HF weights with HF's rotate_half rope (tests/hf_forward.py; the
+files come from tests/tiny_gguf.py), and so must our converter's output of model_factory
+checkpoints. Then prefix, cache, tied-head, rope-factor and lossless-ternary consistency, and
+clear errors on bad files.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("arch,scaling", [("llama", None), ("llama", {"type": "linear", "factor": 4.0}),
+@pytest.mark.parametrize("arch,scaling", [("llama", None),
+                                          ("llama", {"type": "linear", "factor": 4.0}),
                                           ("qwen2", None), ("qwen3", None)])
 @pytest.mark.parametrize("tied", [False, True])
 def test_matches_independent_hf_forward(tmp_path, arch, scaling, tied):
@@ -46,7 +49,8 @@ def test_matches_independent_hf_forward(tmp_path, arch, scaling, tied):
     ("qwen2", "bpe", {}), ("qwen2", "bpe", {"tied": True}), ("qwen3", "bpe", {})])
 def test_converted_hf_model_matches_hf_forward(tmp_path, arch, tokenizer, extra):
     """Our converter's output (F32, lossless from the F16 checkpoint) under the reference equals
-    the HF-layout forward on the checkpoint itself: converter permutation and reference rope agree."""
+    the HF-layout forward on the checkpoint itself: converter permutation and reference rope
+    agree."""
     from conftest import run_cli
     from model_factory import make_hf_model
 

@@ -17,7 +17,7 @@ VOCAB = 300
 
 
 def make_hf_weights(arch: str, seed: int = 0, tied: bool = False, rope_scaling=None):
-    """A random 2-layer HF config + weights (float64). qwen3 uses an explicit head_dim != hidden/heads."""
+    """A random 2-layer HF config + weights (float64); qwen3 gets a head_dim != hidden/heads."""
     rng = np.random.default_rng(seed)
     hidden, n_head, n_kv, n_ff = 64, 4, 2, 96
     head_dim = 32 if arch == "qwen3" else hidden // n_head
@@ -57,8 +57,10 @@ def make_hf_weights(arch: str, seed: int = 0, tied: bool = False, rope_scaling=N
 
 
 def _permute_for_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's q/k row order: per head, rows (0, d/2, 1, d/2+1, ...) so rope pairs are adjacent."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    """llama.cpp's q/k row order: per head, rows (0, d/2, 1, d/2+1, ...), so that the pairs HF's
+    rotate_half rotates together become adjacent (normal-mode rope)."""
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 _NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -82,7 +84,8 @@ def write_gguf(path, cfg, w, permute=True, extra_tensors=None, drop=(), arch=Non
                 t = w.get(f"model.layers.{i}.{hf_name}.{kind}")
                 if t is None:
                     continue
-                if permute and arch == "llama" and hf_name in ("self_attn.q_proj", "self_attn.k_proj"):
+                if permute and arch == "llama" and hf_name in ("self_attn.q_proj",
+                                                                "self_attn.k_proj"):
                     t = _permute_for_llama_cpp(t, n_head if "q_proj" in hf_name else n_kv)
                 tensors[f"blk.{i}.{gg_name}.{kind}"] = t
     tensors.update(extra_tensors or {})

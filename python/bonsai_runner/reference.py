@@ -91,7 +91,8 @@ class Hparams:
         scaling = _as_str(key("rope.scaling.type", "linear"))
         if scaling not in ("none", "linear"):
             raise BonsaiError(f"{arch}.rope.scaling.type = {scaling!r} is not supported by the "
-                              "reference forward (only none/linear, plus rope_freqs.weight factors)")
+                              "reference forward (only none and linear, plus rope_freqs.weight "
+                              "factors)")
         factor = float(key("rope.scaling.factor", 0.0)) if scaling == "linear" else 0.0
         if n_head % n_head_kv:
             raise BonsaiError(f"{arch}.attention.head_count ({n_head}) is not a multiple of "
@@ -310,8 +311,10 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, scale: float) -> np.ndarray:
-    """Causal attention. q [T, H, D] at positions q_pos0.., k [S, Hkv, D], v [S, Hkv, Dv] at 0..S-1."""
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int,
+               scale: float) -> np.ndarray:
+    """Causal attention: q [T, H, D] at positions q_pos0.., k [S, Hkv, D] and v [S, Hkv, Dv] at
+    positions 0..S-1."""
     n_tok, n_head, d = q.shape
     n_kv, n_head_kv, dv = v.shape
     group = n_head // n_head_kv
