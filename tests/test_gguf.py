@@ -20,6 +20,7 @@ from bonsai_runner import _core
 from bonsai_runner.errors import BonsaiError
 from bonsai_runner.gguf_reader import open_gguf
 from bonsai_runner.gguf_writer import GGUFWriter, ValueType
+from real_model import real_model_path  # noqa: F401  (fixture)
 
 gguf = pytest.importorskip("gguf")
 
@@ -564,10 +565,8 @@ def test_bonsai_run_inspect_and_refusals(tmp_path):
 # a real file (Qwen2.5-Coder-0.5B Q4_K_M): our reader agrees with gguf-py on every key and tensor
 
 @pytest.mark.real_model
-def test_real_model_matches_gguf_py():
-    path = os.environ.get("BONSAI_REAL_GGUF", "/tmp/qwen/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-    if not os.path.exists(path):
-        pytest.skip(f"real model not found at {path} (set BONSAI_REAL_GGUF)")
+def test_real_model_matches_gguf_py(real_model_path):
+    path = str(real_model_path)
     ref = gguf.GGUFReader(path)
     with open_gguf(path) as g:
         for key, field in ref.fields.items():

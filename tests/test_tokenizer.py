@@ -23,6 +23,7 @@ import pytest
 
 from bonsai_runner import _core
 from bonsai_runner.errors import BonsaiError
+from real_model import real_model_path  # noqa: F401  (fixture)
 
 CORPUS = [
     "Hello world! It's a test, isn't it? I'LL BE THERE, we'd've done it.",
@@ -347,10 +348,8 @@ def test_bpe_bytes_input_and_invalid_utf8(bpe):
 # --------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def qwen():
-    path = os.environ.get("BONSAI_REAL_MODEL_GGUF")
-    if not path or not os.path.exists(path):
-        pytest.skip("set BONSAI_REAL_MODEL_GGUF to the Qwen2.5-Coder-0.5B-Instruct GGUF")
+def qwen(real_model_path):
+    path = str(real_model_path)
     gguf = pytest.importorskip("gguf")
     reader = gguf.GGUFReader(path)
     md = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.ggml.")}
