@@ -89,7 +89,7 @@ std::vector<Flag> make_flags(RunOptions& o) {
         {{"-f", "--file"}, "FILE", "read the prompt from a text file", str(o.prompt_file), nullptr},
         {{"-n", "--n-predict"}, "N", "tokens to generate; -1 = until end of text or context full (default -1)",
          i32(o.n_predict, -1, kMaxI32, "an integer >= -1"), nullptr},
-        {{"-i", "--interactive"}, "", "interactive chat using the model's chat template", nullptr,
+        {{"-i", "--interactive"}, "", "interactive chat (ChatML turns when the vocabulary has <|im_start|>, else plain turns)", nullptr,
          on(o.interactive)},
         {{"--inspect"}, "", "print the model's metadata, tensor table, per-type totals and bits "
          "per weight, then exit", nullptr, on(o.inspect)},
@@ -117,7 +117,7 @@ std::vector<Flag> make_flags(RunOptions& o) {
          [&o](S f, S v) { o.cache_type_k = parse_cache_type(f, v); }, nullptr},
         {{"-ctv", "--cache-type-v"}, "TYPE", "KV cache type for values: f16 or q8_0 (default f16)",
          [&o](S f, S v) { o.cache_type_v = parse_cache_type(f, v); }, nullptr},
-        {{"-fa", "--flash-attn"}, "", "use flash attention (CUDA)", nullptr, on(o.flash_attn)},
+        {{"-fa", "--flash-attn"}, "", "fused attention over the KV cache without a score matrix", nullptr, on(o.flash_attn)},
         {{"--cuda-graph"}, "", "capture whole decode steps as CUDA graphs", nullptr, on(o.cuda_graph)},
         {{"--no-mmap"}, "", "read the model into memory instead of mapping it", nullptr,
          [&o](bool b) { o.use_mmap = !b; }},
