@@ -85,8 +85,8 @@ class BlockConfig:
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """(normalized * w, 1/rms) over the last axis, in float32."""
-    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))
+    """(normalized * w, 1/rms) over the last axis, in x's precision."""
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + x.dtype.type(eps))
     return (x * r) * w, r
 
 
@@ -117,10 +117,12 @@ def block_forward(x: np.ndarray, w: dict, cfg: BlockConfig, capture=None, keep: 
     capture: None or a callable (name, activations [B*T, features]) called with each linear
     layer's input ("attn_in", "o_in", "ffn_in", "down_in"). keep: also return the intermediates.
     """
-    x = np.asarray(x, dtype=np.float32)
+    x = np.asarray(x)
+    dt = np.float64 if x.dtype == np.float64 else np.float32   # float64 only for gradient checks
+    x = x.astype(dt, copy=False)
     B, T, _ = x.shape
     nh, nkv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
-    cos, sin = cfg.rope_tables(T)
+    cos, sin = (t.astype(dt) for t in cfg.rope_tables(T))
     a, r1 = rms_norm(x, w["attn_norm"], cfg.eps)
     if capture:
         capture("attn_in", a.reshape(B * T, -1))
@@ -138,8 +140,8 @@ def block_forward(x: np.ndarray, w: dict, cfg: BlockConfig, capture=None, keep: 
     qh = qr.transpose(0, 2, 1, 3)                                   # [B, nh, T, hd]
     kh = np.repeat(kr.transpose(0, 2, 1, 3), rep, axis=1)
     vh = np.repeat(v.transpose(0, 2, 1, 3), rep, axis=1)
-    scores = (qh @ kh.transpose(0, 1, 3, 2)) * np.float32(1.0 / np.sqrt(hd))
-    scores += np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)
+    scores = (qh @ kh.transpose(0, 1, 3, 2)) * dt(1.0 / np.sqrt(hd))
+    scores += np.triu(np.full((T, T), -np.inf, dtype=dt), 1)
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)

@@ -264,6 +264,7 @@ class Quantizer:
 
                 rep.refine = refine_block(x, w, qw, stored, self.cfg, o.calib_steps, o.lr,
                                           o.batch_size, o.seed)
+                rep.refine.pop("steps_log", None)
                 self.log(f"blk.{i}: refinement over {o.calib_steps} steps, block output error "
                          f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}")
             for s in by_block[i]:
@@ -275,7 +276,9 @@ class Quantizer:
                                          fallback_reason=info.get("reason"))
                 else:
                     t = self.types[s.hf_name][0]
-                    writer.add_plain(s.hf_name, qw[key], "F32" if qw[key].ndim < 2 else t.upper(),
+                    # a copy: the writer's shard buffer must not keep the loaded block alive
+                    writer.add_plain(s.hf_name, qw[key].copy(),
+                                     "F32" if qw[key].ndim < 2 else t.upper(),
                                      fallback_reason=(f"policy: kept at {t.upper()}"
                                                       if qw[key].ndim == 2 else None))
             if x is not None:
@@ -294,7 +297,7 @@ class Quantizer:
             if len(s.shape) == 2:
                 self._write_2d(writer, s.hf_name, data, t, "output head")
             else:
-                writer.add_plain(s.hf_name, data, "F32")
+                writer.add_plain(s.hf_name, data.copy(), "F32")
         out = {"blocks": [{"block": r.index, "layers": r.layers, "refine": r.refine}
                           for r in reports]}
         if heldout is not None:
