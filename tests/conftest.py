@@ -52,3 +52,31 @@ def bonsai_run_path() -> str:
 def run_bonsai_run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([bonsai_run_path(), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ))
+
+
+# ----- tiny Hugging Face models (tests/model_factory.py), cached per configuration -----
+
+@pytest.fixture(scope="session")
+def hf_model(tmp_path_factory):
+    """Factory: hf_model(**make_hf_model kwargs) -> facts dict; each configuration built once.
+
+    The directories are shared by the whole session: tests must not modify them (copy first).
+    """
+    from model_factory import make_hf_model
+
+    cache: dict = {}
+
+    def get(**kw):
+        key = tuple(sorted((k, repr(v)) for k, v in kw.items()))
+        if key not in cache:
+            d = tmp_path_factory.mktemp("hf_" + "_".join(str(v) for v in kw.values())[:60])
+            cache[key] = make_hf_model(d / "model", **kw)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def ternary_model(hf_model):
+    """A ternary llama (hidden 256, ffn 512, scales per 128 weights), F16 weights."""
+    return hf_model(arch="llama", hidden=256, ffn=512, ternary=True, group=128)

@@ -8,5 +8,6 @@ namespace bonsai_py {
 void bind_types(pybind11::module_& m);   // type table, build information, the Error exception
 void bind_quants(pybind11::module_& m);  // reference quantize / dequantize
 void bind_gguf(pybind11::module_& m);    // GGUF reader
+void bind_vocab(pybind11::module_& m);   // tokenizers
 
 }  // namespace bonsai_py

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_core, m) {
     bonsai_py::bind_types(m);
     bonsai_py::bind_quants(m);
     bonsai_py::bind_gguf(m);
+    bonsai_py::bind_vocab(m);
 }
