@@ -331,6 +331,26 @@ def test_already_ternary_is_packed_losslessly_without_calibration(tmp_path):
             np.testing.assert_array_equal(d.read_float32(name), x)
 
 
+def test_builtin_calibration_set_and_group_64(models, tmp_path):
+    logs = []
+    res = quantize_model(QuantizeOptions(model_dir=str(models["llama"]["dir"]),
+                                         output_dir=str(tmp_path / "o"), group_size=64,
+                                         seq_len=32, max_samples=8, progress=False),
+                         log=logs.append)
+    cal = _read_dir(tmp_path / "o").quant_config["calibration"]
+    assert cal["source"].endswith("calibration.jsonl")
+    assert {"code", "prose", "cjk", "math"} <= set(cal["domains"])
+    assert any("small" in w for w in cal["warnings"])
+    assert any(line.startswith("warning: calibration set is small") for line in logs)
+    assert res["summary"]["tensors_by_type"]["q2_0"] == 12
+
+
+def test_group_size_must_fit_a_ternary_type(models, calib_file, tmp_path):
+    with pytest.raises(BonsaiError, match="--group-size 32"):
+        quantize_model(opts(models["llama"], tmp_path / "o", calib_file, group_size=32),
+                       log=quiet)
+
+
 # ----- bad input: one clear error each, no output left behind -----
 
 def _no_output(out: Path):

@@ -1,13 +1,13 @@
 """Calibration text: reading, tokenizing with the model's own tokenizer, packing into sequences.
 
-Input: JSONL (one JSON object per line with a string "text" field) or plain UTF-8 text, in which
-blank lines separate samples. Each sample is tokenized with the model's tokenizer (tokenizer.json
+Input: JSONL (one JSON object per line with a string "text" field, and optionally a "domain"
+label) or plain UTF-8 text, in which blank lines separate samples. Each sample is tokenized with the model's tokenizer (tokenizer.json
 through `tokenizers`, else tokenizer.model through `sentencepiece`, with a BOS token when
 tokenizer_config.json asks for one), samples are concatenated and cut into sequences of `seq_len`
 tokens; at most `max_samples` sequences are used, chosen with `seed` when there are more.
 
 The report states the number of samples, tokens and sequences and the domain mix. A sample's
-domain is a heuristic: "code" when many lines look like code (indentation, braces, keywords,
+domain is its "domain" label when the JSONL gives one, else a heuristic: "code" when many lines look like code (indentation, braces, keywords,
 `;` endings), "cjk" when a third of its letters are CJK, else "prose". Warnings: fewer than 16
 sequences or 8192 tokens ("too small"), or one domain holding more than 90% of the tokens ("too
 narrow").
@@ -37,8 +37,8 @@ def default_calibration_file() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "calibration.jsonl"
 
 
-def read_samples(path: str | Path) -> list[str]:
-    """The text samples of a JSONL or plain-text calibration file (errors name the problem)."""
+def read_samples(path: str | Path) -> list[tuple[str, str | None]]:
+    """(text, domain label or None) samples of a JSONL or plain-text calibration file."""
     p = Path(path)
     if not p.is_file():
         raise BonsaiError(f"calibration file {p}: not found; pass --calib-file with a JSONL "
@@ -54,11 +54,10 @@ def read_samples(path: str | Path) -> list[str]:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if p.suffix.lower() in (".jsonl", ".json") or lines[0].lstrip().startswith("{"):
         return _jsonl_samples(p, lines)
-    samples = [s.strip("\n") for s in re.split(r"\n\s*\n", text) if s.strip()]
-    return samples
+    return [(s.strip("\n"), None) for s in re.split(r"\n\s*\n", text) if s.strip()]
 
 
-def _jsonl_samples(p: Path, lines: list[str]) -> list[str]:
+def _jsonl_samples(p: Path, lines: list[str]) -> list[tuple[str, str | None]]:
     out = []
     for i, ln in enumerate(lines, 1):
         try:
@@ -69,7 +68,8 @@ def _jsonl_samples(p: Path, lines: list[str]) -> list[str]:
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise BonsaiError(f"calibration file {p}: line {i} has no string \"text\" field")
         if obj["text"].strip():
-            out.append(obj["text"])
+            dom = obj.get("domain")
+            out.append((obj["text"], dom if isinstance(dom, str) and dom else None))
     if not out:
         raise BonsaiError(f"calibration file {p}: no non-empty \"text\" values")
     return out
@@ -150,10 +150,10 @@ def load_calibration(path: str | Path, tokenizer: Tokenizer, seq_len: int, max_s
     samples = read_samples(path)
     stream: list[int] = []
     per_domain: dict[str, int] = {}
-    for s in samples:
+    for s, label in samples:
         ids = tokenizer.encode(s)
         stream.extend(ids)
-        dom = classify(s)
+        dom = label or classify(s)
         per_domain[dom] = per_domain.get(dom, 0) + len(ids)
     total = len(stream)
     if total < seq_len:

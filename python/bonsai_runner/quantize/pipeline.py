@@ -262,11 +262,12 @@ class Quantizer:
             if x is not None and o.calib_steps > 0:
                 from .refine import refine_block
 
+                self.log(f"blk.{i}: refining scales ({o.calib_steps} Adam steps, lr {o.lr})")
                 rep.refine = refine_block(x, w, qw, stored, self.cfg, o.calib_steps, o.lr,
-                                          o.batch_size, o.seed)
-                rep.refine.pop("steps_log", None)
+                                          o.batch_size, o.seed, log=self.log)
                 self.log(f"blk.{i}: refinement over {o.calib_steps} steps, block output error "
-                         f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}")
+                         f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}"
+                         + ("" if rep.refine["kept"] else " (not better: scales kept)"))
             for s in by_block[i]:
                 key = next(k for k, hf in HF_KEYS.items() if s.hf_name.endswith("." + hf))
                 if key in stored:
