@@ -427,6 +427,12 @@ def test_existing_output_needs_force(models, calib_file, tmp_path):
     out.mkdir()
     with pytest.raises(BonsaiError, match="--force"):
         quantize_model(opts(models["llama"], out, calib_file), log=quiet)
+    gg = tmp_path / "m.gguf"
+    gg.write_bytes(b"x")
+    with pytest.raises(BonsaiError, match="m.gguf already exists"):
+        quantize_model(opts(models["llama"], tmp_path / "o2", calib_file, outfile=str(gg)),
+                       log=quiet)
+    assert not (tmp_path / "o2").exists()
 
 
 def test_interruption_leaves_no_partial_output(models, calib_file, tmp_path):

@@ -20,6 +20,10 @@ Order of work (each step fails with one clear error before anything is written):
    (sensitivity.py); the fallback table and bits-per-weight summary are printed, and the
    directory is written under a temporary name and renamed (ptq1_dir.Ptq1DirWriter);
 6. with --outfile, the directory is converted to GGUF (convert.convert).
+
+The per-tensor cosine / relative error in the table are measured on the calibration Hessian right
+after GPTQ (before --calib-steps refinement, whose block-level effect is reported separately);
+loss_delta is the block-level held-out loss increase, repeated on each of the block's tensors.
 """
 
 from __future__ import annotations
