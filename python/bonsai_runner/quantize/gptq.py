@@ -88,12 +88,27 @@ def output_error(w: np.ndarray, q: np.ndarray, H: np.ndarray) -> float:
     return float(np.sqrt(max(num, 0.0) / den)) if den > 0 else 0.0
 
 
+def _error_meter(w: np.ndarray, H: np.ndarray):
+    """output_error(w, q, H) as a function of q, with W H computed once."""
+    w64 = w.astype(np.float64)
+    WH = w64 @ H
+    ww = float((WH * w64).sum())
+
+    def err(q: np.ndarray) -> float:
+        q64 = q.astype(np.float64)
+        e2 = ww - 2.0 * float((WH * q64).sum()) + float(((q64 @ H) * q64).sum())
+        return float(np.sqrt(max(e2, 0.0) / ww)) if ww > 0 else 0.0
+    return err
+
+
 def _upper_inverse_cholesky(H: np.ndarray) -> np.ndarray:
-    """U upper triangular with U^T U = H^-1 (H symmetric positive definite)."""
-    L = np.linalg.cholesky(H)
-    Linv = np.linalg.solve(L, np.eye(H.shape[0]))
-    Hinv = Linv.T @ Linv
-    return np.linalg.cholesky(Hinv).T
+    """U upper triangular with U^T U = H^-1 (H symmetric positive definite).
+
+    With J the order reversal and J H J = L L^T: H^-1 = J L^-T L^-1 J = U^T U for U = J L^-1 J,
+    which is upper triangular because L^-1 is lower. One Cholesky and one inverse.
+    """
+    L = np.linalg.cholesky(H[::-1, ::-1])
+    return np.linalg.inv(L)[::-1, ::-1].copy()
 
 
 def quantize_gptq(w: np.ndarray, H: np.ndarray, g: Grid, damp: float = 0.01,
@@ -164,12 +179,12 @@ def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, H: np.nda
             TH[:, gi] = Tg[:, gi] @ H[gi * group:(gi + 1) * group]
         M = _gram(TH, Tg)
         b = np.matmul(TH, Wr[:, :, None])[..., 0]
-        M[:, np.arange(ng), np.arange(ng)] += ridge
-        s_new = to_fp16(np.linalg.solve(M, b[..., None])[..., 0]).astype(np.float64)
+        Mr = M.copy()
+        Mr[:, np.arange(ng), np.arange(ng)] += ridge
+        s_new = to_fp16(np.linalg.solve(Mr, b[..., None])[..., 0]).astype(np.float64)
         s_old = out[r0:r1].astype(np.float64)
-        err_new = _row_errors(Wr, T, s_new, H, group)
-        err_old = _row_errors(Wr, T, s_old, H, group)
-        better = err_new < err_old
+        # row error = w H w^T - 2 s.b + s^T M s; the first term is common to both
+        better = _quad(M, b, s_new) < _quad(M, b, s_old)
         out[r0:r1][better] = s_new[better].astype(np.float32)
     if g.qmin == -g.qmax:
         neg = out < 0
@@ -187,11 +202,9 @@ def _gram(TH: np.ndarray, Tg: np.ndarray) -> np.ndarray:
     return (TH.reshape(r, ng, ng, group) * Tg[:, None]).sum(axis=-1)
 
 
-def _row_errors(W, T, s, H, group) -> np.ndarray:
-    rows, cols = W.shape
-    Q = (T.reshape(rows, -1, group) * s[..., None]).reshape(rows, cols)
-    E = W - Q
-    return ((E @ H) * E).sum(axis=1)
+def _quad(M: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Per-row s^T M s - 2 s.b (the row's output error up to a constant)."""
+    return np.matmul(np.matmul(s[:, None, :], M), s[:, :, None])[:, 0, 0] - 2 * (s * b).sum(1)
 
 
 def quantize_rtn(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
@@ -228,11 +241,12 @@ def quantize_layer(w: np.ndarray, H: np.ndarray, tier: str, damp: float = 0.01) 
         pc, ps = fit_ternary_matrix(w, g.group, h)
     else:
         pc, ps = quantize_rtn(w, g)
-    err_plain = output_error(w, dequantize(pc, ps, g.group), H)
+    err_of = _error_meter(w, H)
+    err_plain = err_of(dequantize(pc, ps, g.group))
     codes, scales = quantize_gptq(w, H, g, damp)
-    err_gptq = output_error(w, dequantize(codes, scales, g.group), H)
+    err_gptq = err_of(dequantize(codes, scales, g.group))
     codes, scales = refit_scales(w, codes, scales, H, g)
-    err = output_error(w, dequantize(codes, scales, g.group), H)
+    err = err_of(dequantize(codes, scales, g.group))
     if err_plain < err:
         codes, scales, err = pc, ps, err_plain
     return LayerResult(tier, codes, scales, err_plain, err_gptq, err)
