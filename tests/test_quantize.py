@@ -250,6 +250,31 @@ def test_end_to_end_dir_and_gguf_with_fallback_table(models, calib_file, tmp_pat
     assert res["outfile"] == str(gg)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_quantized_gguf_runs_in_llama_cpp(models, calib_file, tmp_path, arch):
+    """Group 64 gives mainline types only (Q2_0 ternary, Q8_0, F16): upstream llama.cpp runs the
+    quantizer's file, and its logits match a float64 numpy model of the stored weights."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from test_convert_llama_cpp import hf_forward
+
+    m = models[arch]
+    out, gg = tmp_path / "ptq1", tmp_path / "m.gguf"
+    quantize_model(opts(m, out, calib_file, outfile=str(gg), group_size=64), log=quiet)
+    d = _read_dir(out)
+    ref = dict(m)
+    ref["tensors"] = {n: d.read_float32(n) for n in m["tensors"]}
+    assert d.tier_of("model.layers.0.self_attn.q_proj.weight").name == "q2_0"
+    ids = [5, 17, 42, 99, 3, 250, 7, 8, 120, 64]
+    want = hf_forward(ref, ids)
+    llm = llama_cpp.Llama(str(gg), n_ctx=64, logits_all=True, verbose=False, n_threads=2,
+                          type_k=0, type_v=0)
+    llm.eval(ids)
+    got = np.array(llm.scores[: len(ids)], dtype=np.float64)
+    del llm
+    # llama.cpp multiplies Q2_0/Q8_0 weights with 8-bit activations: close, not equal
+    np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max(), rtol=0)
+
+
 def test_deterministic_for_a_seed(models, calib_file, tmp_path):
     m = models["qwen3"]
     a, b = tmp_path / "a", tmp_path / "b"

@@ -39,7 +39,7 @@ from .block_forward import (HF_KEYS, INPUT_OF, LINEARS, STAGES, BlockConfig, blo
                             forward_batched)
 from .gptq import LayerResult, grid, quantize_layer, quantize_rtn
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
-                     promote_to_target, tier_bpw)
+                     promote_to_target)
 from .sensitivity import HeldOut, output_metrics
 
 
@@ -368,7 +368,7 @@ class Quantizer:
             H = None
             for key in stage:
                 name = f"model.layers.{i}.{HF_KEYS[key]}"
-                t, pinned = self.types[name][0], self.types[name][1]
+                pinned = self.types[name][1]
                 t = tiers[key]
                 if name in lossless and not pinned:
                     tt = lossless[name]
@@ -458,4 +458,4 @@ def quantize_model(opts: QuantizeOptions, log=_stderr, loader_cls=BlockLoader) -
     return Quantizer(opts, log, loader_cls).run()
 
 
-__all__ = ["QuantizeOptions", "BlockLoader", "Quantizer", "quantize_model", "tier_bpw"]
+__all__ = ["QuantizeOptions", "BlockLoader", "Quantizer", "quantize_model"]
