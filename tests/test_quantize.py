@@ -314,14 +314,15 @@ def test_memory_by_block(models, calib_file, tmp_path):
 
 
 def test_target_bpw_promotes_greedily(models, calib_file, tmp_path):
-    res = quantize_model(opts(models["llama"], tmp_path / "o", calib_file, target_bpw=3.0),
-                         log=quiet)
+    res = quantize_model(opts(models["llama"], tmp_path / "o", calib_file, target_bpw=3.0,
+                              max_samples=6), log=quiet)
     s = res["summary"]
     assert 3.0 <= s["bpw_linear"] < 4.0
     q = _read_dir(tmp_path / "o").quant_config
-    promoted = [r for r in q["tensors"] if r["fallback_reason"] and "target-bpw" in
-                r["fallback_reason"]]
+    lin = [r for r in q["tensors"] if ".layers." in r["tensor"] and len(r["shape"]) == 2]
+    promoted = [r for r in lin if r["fallback_reason"] and "target-bpw" in r["fallback_reason"]]
     assert promoted and all(r["dtype"] in ("q2_0", "q4_0", "q8_0") for r in promoted)
+    assert any(r["dtype"] == "ptq1_0" for r in lin)       # not everything promoted
 
 
 def test_sensitivity_threshold_falls_back_to_q8(models, calib_file, tmp_path):
@@ -483,3 +484,16 @@ def test_cli_reports_one_clear_error(models, tmp_path):
     assert p.returncode == 1
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "missing.jsonl" in err[0] and "not found" in err[0]
+
+
+def test_promotion_is_greedy_by_error_drop_per_bit():
+    from bonsai_runner.quantize.policy import promote_to_target
+
+    err = {"ptq1_0": 0.4, "q2_0": 0.38, "q4_0": 0.1, "q8_0": 0.01}
+    items = {
+        "a": {"params": 1000, "pinned": None, "err": err},
+        "b": {"params": 1000, "pinned": None, "err": {**err, "q2_0": 0.2}},   # cheap big win
+        "c": {"params": 1000, "pinned": "q8_0", "err": {}},
+    }
+    # average starts at (1.75 + 1.75 + 8.5) / 3 = 4.0; one step to Q2_0 reaches 4.1667
+    assert promote_to_target(4.1, items, "ptq1_0") == {"a": "ptq1_0", "b": "q2_0", "c": "q8_0"}

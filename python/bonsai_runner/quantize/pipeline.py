@@ -6,20 +6,20 @@ Order of work (each step fails with one clear error before anything is written):
 2. scan the linear weights for already-ternary ones (convert/ternary.py): those are packed
    losslessly; when every linear weight is, no calibration is needed at all;
 3. tokenize the calibration set (calibration.py);
-4. embed the calibration tokens, then block by block (only that block's weights and the
+4. with --target-bpw, a float pre-pass (block by block) measures every unpinned linear layer at
+   every tier on its float inputs, and one global greedy promotion fixes the tiers (policy.py);
+5. embed the calibration tokens, then block by block (only that block's weights and the
    calibration hidden states in memory, loaded through `BlockLoader`):
-   a. with --target-bpw, quantize every unpinned linear at every tier on the block's float inputs
-      and choose tiers greedily (policy.py);
-   b. stage by stage (q/k/v, o, gate/up, down: block_forward.STAGES) accumulate the Hessian of the
+   a. stage by stage (q/k/v, o, gate/up, down: block_forward.STAGES) accumulate the Hessian of the
       stage's input *through the already-quantized part of the block*, quantize each layer (GPTQ +
       scale refit, gptq.py), record cosine / relative output error, and with
       --sensitivity-analysis send layers under --threshold to Q8_0;
-   c. with --calib-steps, refine the block's scales against the float block output (refine.py);
-   d. write the block's tensors, run the quantized block to get the next block's inputs;
-5. with --sensitivity-analysis, one more sweep gives each block's held-out loss increase
+   b. with --calib-steps, refine the block's scales against the float block output (refine.py);
+   c. write the block's tensors, run the quantized block to get the next block's inputs;
+6. with --sensitivity-analysis, one more sweep gives each block's held-out loss increase
    (sensitivity.py); the fallback table and bits-per-weight summary are printed, and the
    directory is written under a temporary name and renamed (ptq1_dir.Ptq1DirWriter);
-6. with --outfile, the directory is converted to GGUF (convert.convert).
+7. with --outfile, the directory is converted to GGUF (convert.convert).
 
 The per-tensor cosine / relative error in the table are measured on the calibration Hessian right
 after GPTQ (before --calib-steps refinement, whose block-level effect is reported separately);
@@ -210,6 +210,9 @@ class Quantizer:
             self.log(f"all {n_linear} linear weights are already ternary: packing them losslessly "
                      "without calibration")
         summary_cal = calib.summary() if calib else {"lossless_ternary": True}
+        self.tier_plan = {}
+        if o.target_bpw is not None and calib is not None:
+            self.tier_plan = self._plan_target_bpw(calib, lossless, tqdm)
         with Ptq1DirWriter(o.output_dir, self.ckpt.config, tokenizer_dir=o.model_dir,
                            scheme=self.policy.ternary, calibration=summary_cal,
                            force=o.force) as writer:
@@ -329,41 +332,62 @@ class Quantizer:
 
     # ----- one block -----
 
-    def _block_tiers(self, i, w, x) -> tuple[dict[str, str], dict[str, str]]:
-        """key -> type for the block's linears, and key -> reason for --target-bpw promotions."""
-        tiers, reasons, pinned = {}, {}, {}
+    def _block_tiers(self, i) -> tuple[dict[str, str], dict[str, str]]:
+        """key -> type for block i's linears, and key -> reason for --target-bpw promotions."""
+        tiers, reasons = {}, {}
         for key in LINEARS:
             name = f"model.layers.{i}.{HF_KEYS[key]}"
-            tiers[key], pin = self.types[name]
-            pinned[key] = tiers[key] if pin else None
-        o = self.opts
-        if o.target_bpw is None or x is None:
-            return tiers, reasons
-        chain = PROMOTION[PROMOTION.index(self.policy.ternary):]
-        items = {}
-        for stage in STAGES:
-            H = _hessian_of(x, w, self.cfg, o.batch_size, INPUT_OF[stage[0]])
-            for key in stage:
-                err = {}
-                if pinned[key] is None:
-                    err = {t: quantize_layer(w[key], H, t, o.damp).err for t in chain}
-                items[key] = {"params": w[key].size, "pinned": pinned[key], "err": err}
-        choice = promote_to_target(o.target_bpw, items, self.policy.ternary)
-        for key, t in choice.items():
-            if pinned[key] is None:
-                tiers[key] = t
-                if t != self.policy.ternary:
-                    reasons[key] = (f"target-bpw {o.target_bpw}: promoted to {t.upper()} "
-                                    f"(rel err {items[key]['err'][self.policy.ternary]:.4f} at "
-                                    f"{self.policy.ternary.upper()} -> {items[key]['err'][t]:.4f})")
+            tiers[key] = self.types[name][0]
+            if name in self.tier_plan:
+                tiers[key], why = self.tier_plan[name]
+                if why:
+                    reasons[key] = why
         return tiers, reasons
+
+    def _plan_target_bpw(self, calib, lossless, tqdm) -> dict[str, tuple[str, str | None]]:
+        """--target-bpw: a float pre-pass over the blocks (one at a time) measures every unpinned
+        linear layer at every tier on its float calibration inputs; then one global greedy
+        promotion (policy.promote_to_target). Returns hf name -> (tier, reason or None)."""
+        o = self.opts
+        chain = PROMOTION[PROMOTION.index(self.policy.ternary):]
+        embed = self.loader.read("model.embed_tokens.weight")
+        x = embed[calib.tokens].astype(np.float32)
+        del embed
+        items = {}
+        bar = tqdm(range(self.hp.n_layer), desc="measuring tiers (--target-bpw)", unit="block",
+                   disable=not o.progress, file=sys.stderr)
+        for i in bar:
+            w = self.loader.load_block(i)
+            for stage in STAGES:
+                H = _hessian_of(x, w, self.cfg, o.batch_size, INPUT_OF[stage[0]])
+                for key in stage:
+                    name = f"model.layers.{i}.{HF_KEYS[key]}"
+                    t, pin = self.types[name]
+                    fixed = lossless.get(name) if not pin else t
+                    err = {} if fixed else {tt: quantize_layer(w[key], H, tt, o.damp).err
+                                            for tt in chain}
+                    items[name] = {"params": w[key].size, "pinned": fixed, "err": err}
+            x = forward_batched(x, w, self.cfg, o.batch_size)
+            del w
+        bar.close()
+        choice = promote_to_target(o.target_bpw, items, self.policy.ternary)
+        base = self.policy.ternary
+        plan = {}
+        for name, t in choice.items():
+            it = items[name]
+            why = None
+            if it["pinned"] is None and t != base:
+                why = (f"target-bpw {o.target_bpw}: promoted to {t.upper()} (rel err "
+                       f"{it['err'][base]:.4f} at {base.upper()} -> {it['err'][t]:.4f})")
+            plan[name] = (t, why)
+        return plan
 
     def _quantize_block(self, i, w, x, lossless):
         o = self.opts
         rep = BlockReport(i)
         qw = dict(w)
         stored: dict[str, tuple[LayerResult, dict]] = {}
-        tiers, reasons = self._block_tiers(i, w, x)
+        tiers, reasons = self._block_tiers(i)
         for stage in STAGES:
             H = None
             for key in stage:

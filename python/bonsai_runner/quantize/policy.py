@@ -10,12 +10,13 @@ Default scheme (SPEC section 5):
 otherwise a substring ("down_proj=ptq1_0", "layers.0.*=q8_0"). Overridden tensors are pinned:
 neither the sensitivity threshold nor --target-bpw changes them.
 
---target-bpw B (greedy, per block): every unpinned linear layer starts at the ternary tier; while
-the block's linear-layer average is below B, the tensor whose next tier in PTQ1_0 -> Q2_0 (g64) ->
-Q4_0 -> Q8_0 buys the largest drop of its estimated loss per extra bit is promoted. The estimated
-loss of a tensor at a tier is its relative layer-output error squared on the calibration inputs.
-Every block meets B, so the whole model does; B below the all-ternary average, or above all-Q8_0,
-is an error.
+--target-bpw B (greedy, over the whole model): every unpinned linear layer starts at the ternary
+tier; while the linear-layer average is below B, the tensor whose next tier in PTQ1_0 -> Q2_0
+(g64) -> Q4_0 -> Q8_0 buys the largest drop of its estimated loss per extra bit is promoted. The
+estimated loss of a tensor at a tier is its relative layer-output error squared, measured by the
+pipeline on the float model's calibration inputs (a pre-pass, one block at a time). B below the
+all-ternary average, or above all-Q8_0, is an error. Pinned tensors keep their type but count in
+the average.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def check_target(target: float, linear: list[tuple[str, int, str | None]], terna
 
 
 def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> dict[str, str]:
-    """Greedy per-block promotion. items: name -> {"params", "pinned": type|None,
+    """Greedy promotion. items: name -> {"params", "pinned": type|None,
     "err": {tier: relative output error}}; returns name -> tier."""
     chain = PROMOTION[PROMOTION.index(ternary):]
     choice = {n: (it["pinned"] or ternary) for n, it in items.items()}
