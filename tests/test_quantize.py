@@ -335,9 +335,21 @@ def test_sensitivity_threshold_falls_back_to_q8(models, calib_file, tmp_path):
 
 
 def test_policy_override(models, calib_file, tmp_path):
-    quantize_model(opts(models["llama"], tmp_path / "o", calib_file,
-                        policy="down_proj=q4_0,layers.1.self_attn.q_proj=f16",
+    from gguf_readback import read_gguf
+
+    from bonsai_runner import quants
+
+    m = models["llama"]
+    quantize_model(opts(m, tmp_path / "o", calib_file, outfile=str(tmp_path / "m.gguf"),
+                        policy="down_proj=q4_0,layers.1.self_attn.q_proj=f16,lm_head=q4_0",
                         embed_type="q8_0"), log=quiet)
+    rb = read_gguf(tmp_path / "m.gguf")
+    # without calibration the embedding and head are the reference quantizer's exact bytes
+    for gname, hf, t in (("token_embd.weight", "model.embed_tokens.weight", "q8_0"),
+                         ("output.weight", "lm_head.weight", "q4_0")):
+        want = np.asarray(quants.quantize(m["tensors"][hf], t)).reshape(-1).view(np.uint8)
+        assert rb.types[gname] == t.upper()
+        np.testing.assert_array_equal(rb.raw[gname], want)
     rows = {r["tensor"]: r for r in _read_dir(tmp_path / "o").quant_config["tensors"]}
     assert rows["model.layers.0.mlp.down_proj.weight"]["dtype"] == "q4_0"
     assert rows["model.layers.1.self_attn.q_proj.weight"]["dtype"] == "F16"

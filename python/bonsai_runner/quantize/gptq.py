@@ -207,6 +207,25 @@ def _quad(M: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
     return np.matmul(np.matmul(s[:, None, :], M), s[:, :, None])[:, 0, 0] - 2 * (s * b).sum(1)
 
 
+def reference_codes(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of the reference quantizer (bonsai_runner.quants) for Q8_0 / Q4_0, so a
+    tensor quantized without calibration gets exactly the bytes of the reference blocks."""
+    from .. import quants
+
+    rows, cols = w.shape
+    raw = np.asarray(quants.quantize(np.asarray(w, np.float32), tier)).reshape(rows, -1)
+    if tier == "q8_0":
+        blk = raw.view(np.dtype([("d", "<f2"), ("qs", "i1", (32,))])).reshape(rows, -1)
+        codes = blk["qs"].reshape(rows, cols)
+    elif tier == "q4_0":
+        blk = raw.view(np.dtype([("d", "<f2"), ("qs", "u1", (16,))])).reshape(rows, -1)
+        lo, hi = blk["qs"] & 0x0F, blk["qs"] >> 4
+        codes = (np.concatenate([lo, hi], axis=-1).astype(np.int16) - 8).reshape(rows, cols)
+    else:
+        raise BonsaiError(f"no reference block quantizer for tier {tier!r}")
+    return codes.astype(np.int8), blk["d"].astype(np.float32)
+
+
 def quantize_rtn(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
     """Plain per-group fit without error feedback (exact ternary fit / the type's rule)."""
     rows, cols = w.shape

@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import BonsaiError
 from .block_forward import (HF_KEYS, INPUT_OF, LINEARS, STAGES, BlockConfig, block_forward,
                             forward_batched)
-from .gptq import LayerResult, grid, quantize_layer, quantize_rtn
+from .gptq import LayerResult, grid, quantize_layer, quantize_rtn, reference_codes
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
 from .sensitivity import HeldOut, output_metrics
@@ -315,7 +315,8 @@ class Quantizer:
     def _write_2d(self, writer, name, data, t, what) -> np.ndarray:
         """Writes embedding/head `name` at type t; returns the values as stored (float32)."""
         if t in QUANT_TIERS:
-            codes, scales = quantize_rtn(data, grid(t))
+            codes, scales = (quantize_rtn(data, grid(t)) if grid(t).ternary
+                             else reference_codes(data, t))
             reason = None if grid(t).ternary else f"{what} at {t.upper()} (--embed-type/--policy)"
             writer.add_quantized(name, t, codes, scales, fallback_reason=reason)
             from .gptq import dequantize
