@@ -174,13 +174,22 @@ class Quantizer:
         for s in self.specs:
             if s.role != "linear" or self.types[s.hf_name][1]:
                 continue
-            if not looks_ternary(self.ckpt.read_float32(s.hf_name)[:8]):
+            if not looks_ternary(self._sample_rows(s.hf_name)):
                 continue
             groups = ternary_groups(self.ckpt.read_float32(s.hf_name))
             t = best_ternary_type(groups)
             if t is not None:
                 found[s.hf_name] = t
         return found
+
+    def _sample_rows(self, name: str, rows: int = 8) -> np.ndarray:
+        """The first rows of a tensor as float32, read from the mapping (not the whole tensor)."""
+        from ..convert.safetensors_file import bf16_bits_to_float32
+
+        raw = self.ckpt.read_raw(name)[:rows]
+        if self.ckpt.dtype(name) == "BF16":
+            return bf16_bits_to_float32(raw)
+        return np.asarray(raw, dtype=np.float32)
 
     # ----- main loop -----
 
