@@ -32,7 +32,7 @@ from bonsai_runner.quantize.refine import block_backward
 from bonsai_runner.quantize.ternary_fit import fit_ternary_groups, weighted_error
 
 SMALL = dict(hidden=128, ffn=256, n_layer=2, n_head=4, n_head_kv=2)
-FAST = dict(seq_len=32, max_samples=12, batch_size=4, progress=False)
+FAST = dict(seq_len=32, max_samples=8, batch_size=4, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def _exhaustive(w, h):
 
 def test_exact_fit_equals_exhaustive_search():
     rng = np.random.default_rng(7)
-    for trial in range(150):
+    for trial in range(120):
         n = int(rng.integers(1, 9))
         w = rng.standard_normal(n)
         h = rng.exponential(size=n)
