@@ -1,25 +1,74 @@
 """Quantize a Hugging Face checkpoint to ternary PTQ1_0 with calibration data.
 
-Not available yet in this version: the calibrated quantizer (activation-aware ternary fitting,
-sensitivity analysis, fallback layer table) is being built. Until it lands, this command refuses
-to run rather than produce a model of unknown quality. To pack checkpoints whose weights are
-already ternary, or to round-trip types, use `bonsai convert`.
+Writes a PTQ1_0 directory (packed safetensors in compressed-tensors naming + quant_config.json with
+the per-tensor table) and, with --outfile, also the GGUF file. Default scheme: q/k/v/o and
+gate/up ternary (PTQ1_0, one fp16 scale per 128 weights), down_proj Q8_0, embeddings and head
+F16, norms and biases F32. Ternary fitting is activation-aware: exact per-group threshold/scale
+under the calibration Hessian, GPTQ error feedback, least-squares scale refit, and optional Adam
+refinement of the scales against each block's output (--calib-steps). Already-ternary checkpoints
+are packed losslessly without calibration.
+
+Examples:
+  bonsai quantize --model-dir ./Llama-3-8B --calib-file calib.jsonl --output-dir ./llama-ptq1
+  bonsai quantize --model-dir ./qwen --calib-file c.txt --output-dir out --outfile q.gguf \\
+      --sensitivity-analysis --threshold 0.98
+  bonsai quantize --model-dir ./qwen --output-dir out --target-bpw 2.5
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-HELP = "quantize a checkpoint to PTQ1_0 (not yet available in this version)"
+HELP = "quantize a Hugging Face checkpoint to PTQ1_0 with calibration data"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", required=True, help="Hugging Face model directory (config.json, "
+                   "*.safetensors F16/BF16/F32, tokenizer.json or tokenizer.model)")
+    p.add_argument("--calib-file", default=None, help="calibration text: JSONL with a \"text\" "
+                   "field per line, or plain text (blank lines separate samples); default: the "
+                   "small built-in mixed set")
+    p.add_argument("--output-dir", required=True, help="PTQ1_0 directory to write")
+    p.add_argument("--outfile", default=None, help="also convert the result to this GGUF file")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward batch")
+    p.add_argument("--calib-steps", type=int, default=0,
+                   help="Adam steps refining each block's log-scales (0: off)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the refinement")
+    p.add_argument("--sensitivity-analysis", action="store_true",
+                   help="per-tensor cosine/relative error and per-block held-out loss increase; "
+                   "ternary tensors under --threshold fall back to Q8_0")
+    p.add_argument("--threshold", type=float, default=0.98,
+                   help="cosine similarity under which a tensor falls back to Q8_0")
+    p.add_argument("--target-bpw", type=float, default=None,
+                   help="promote tensors PTQ1_0 -> Q2_0 -> Q4_0 -> Q8_0 until the linear layers "
+                   "average this many bits per weight (scales included)")
+    p.add_argument("--group-size", type=int, default=128,
+                   help="weights per ternary scale: 128 (PTQ1_0) or 64 (Q2_0)")
+    p.add_argument("--max-samples", type=int, default=128, help="calibration sequences to use")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per calibration sequence")
+    p.add_argument("--seed", type=int, default=0, help="seed (sequence choice, refinement)")
+    p.add_argument("--policy", default=None, help="per-pattern types: \"pattern=type,...\" or a "
+                   "JSON file {pattern: type}; types ptq1_0 q2_0 q4_0 q8_0 f16 f32 bf16")
+    p.add_argument("--embed-type", choices=("f16", "q8_0"), default="f16",
+                   help="type of the token embedding and output head")
+    p.add_argument("--damp", type=float, default=0.01,
+                   help="GPTQ damping, as a fraction of the mean Hessian diagonal")
+    p.add_argument("--force", action="store_true", help="replace existing outputs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("error: `bonsai quantize` is not yet available in this version of bonsai-runner: the "
-          "calibrated PTQ1_0 quantizer has not landed. Use `bonsai convert SRC --outtype ptq1_0` "
-          "for checkpoints whose weights are already ternary.", file=sys.stderr)
-    return 2
+    from ..quantize import QuantizeOptions, quantize_model
+
+    opts = QuantizeOptions(
+        model_dir=args.model_dir, output_dir=args.output_dir, calib_file=args.calib_file,
+        outfile=args.outfile, batch_size=args.batch_size, calib_steps=args.calib_steps,
+        lr=args.lr, sensitivity=args.sensitivity_analysis, threshold=args.threshold,
+        target_bpw=args.target_bpw, group_size=args.group_size, max_samples=args.max_samples,
+        seq_len=args.seq_len, seed=args.seed, policy=args.policy, embed_type=args.embed_type,
+        damp=args.damp, force=args.force, progress=not args.no_progress)
+    result = quantize_model(opts)
+    print(result["output_dir"])
+    if result.get("outfile"):
+        print(result["outfile"])
+    return 0

@@ -1,0 +1,271 @@
+"""GPTQ-style quantization of one linear layer with error feedback, for every tier of the scheme.
+
+Objective: the layer-output error ||(W - Q) X||^2 = tr((W - Q) H (W - Q)^T) with H = 2 X^T X
+accumulated over the calibration tokens (X: [tokens, in]). Columns (input features) are quantized
+left to right; the rounding error of column j, divided by the j-th diagonal of the upper Cholesky
+factor U of H^-1 (H^-1 = U^T U), is fed back into the not-yet-quantized columns through row j of U
+(Frantar et al., GPTQ). Updates are applied eagerly inside a block of columns and lazily, as one
+matrix product, to the columns after it. H is damped by `damp` x mean(diag H); columns that never
+see a non-zero input (diag 0) are set to zero.
+
+The scale of each group is fixed when the group starts, from the error-updated weights: the exact
+importance-weighted ternary fit (ternary_fit.py, weights = diag H) for the ternary tiers, the
+type's own rule for Q4_0 / Q8_0. Blocks are a multiple of the group size, so a group always lies
+inside one block and is fully updated when its scale is chosen.
+
+After the sweep, `refit_scales` re-solves every row's group scales with the codes fixed, by least
+squares against the layer output with the full (undamped) H:
+    s_r = argmin (w_r - s A_r) H (w_r - s A_r)^T = (A_r H A_r^T)^-1 A_r H w_r,
+A_r[g] = row r's codes on group g's columns and zero elsewhere; a row keeps its old scales when the
+float16-rounded refit is not better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BonsaiError
+from .ternary_fit import fit_ternary_groups, round_ternary, to_fp16
+
+
+@dataclass(frozen=True)
+class Grid:
+    """How one tier picks a group scale and rounds weights to codes."""
+
+    name: str     # tier name: ptq1_0, q2_0, q4_0, q8_0
+    group: int
+    qmin: int
+    qmax: int
+
+    @property
+    def ternary(self) -> bool:
+        return self.qmax == 1
+
+    def group_scale(self, wg: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Scales [rows] (float16-exact, >= 0 except Q4_0's signed rule) for group weights [rows, G]."""
+        if self.ternary:
+            return fit_ternary_groups(wg, h)[1]
+        if self.name == "q8_0":
+            return to_fp16(np.abs(wg).max(axis=1) / 127.0)
+        idx = np.argmax(np.abs(wg), axis=1)
+        signed_max = wg[np.arange(wg.shape[0]), idx]
+        return to_fp16(signed_max / -8.0)
+
+    def round(self, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Codes (int8) of values w for scales s (same shape, broadcast)."""
+        if self.ternary:
+            return round_ternary(w, np.abs(s)) * np.where(s < 0, -1, 1).astype(np.int8)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(s != 0, np.rint(w / np.where(s != 0, s, 1.0)), 0.0)
+        return np.clip(q, self.qmin, self.qmax).astype(np.int8)
+
+
+GRIDS = {g.name: g for g in (Grid("ptq1_0", 128, -1, 1), Grid("q2_0", 64, -1, 1),
+                             Grid("q4_0", 32, -8, 7), Grid("q8_0", 32, -127, 127))}
+
+
+def grid(name: str) -> Grid:
+    g = GRIDS.get(name)
+    if g is None:
+        raise BonsaiError(f"unknown quantization tier {name!r}; known: {', '.join(GRIDS)}")
+    return g
+
+
+def dequantize(codes: np.ndarray, scales: np.ndarray, group: int) -> np.ndarray:
+    rows, cols = codes.shape
+    return (codes.reshape(rows, -1, group).astype(np.float32)
+            * scales.reshape(rows, -1, 1).astype(np.float32)).reshape(rows, cols)
+
+
+def output_error(w: np.ndarray, q: np.ndarray, H: np.ndarray) -> float:
+    """Relative layer-output error ||(W - Q) X|| / ||W X|| from H = 2 X^T X."""
+    e = (w - q).astype(np.float64)
+    w64 = w.astype(np.float64)
+    num = float(((e @ H) * e).sum())
+    den = float(((w64 @ H) * w64).sum())
+    return float(np.sqrt(max(num, 0.0) / den)) if den > 0 else 0.0
+
+
+def _error_meter(w: np.ndarray, H: np.ndarray):
+    """output_error(w, q, H) as a function of q, with W H computed once."""
+    w64 = w.astype(np.float64)
+    WH = w64 @ H
+    ww = float((WH * w64).sum())
+
+    def err(q: np.ndarray) -> float:
+        q64 = q.astype(np.float64)
+        e2 = ww - 2.0 * float((WH * q64).sum()) + float(((q64 @ H) * q64).sum())
+        return float(np.sqrt(max(e2, 0.0) / ww)) if ww > 0 else 0.0
+    return err
+
+
+def _upper_inverse_cholesky(H: np.ndarray) -> np.ndarray:
+    """U upper triangular with U^T U = H^-1 (H symmetric positive definite).
+
+    With J the order reversal and J H J = L L^T: H^-1 = J L^-T L^-1 J = U^T U for U = J L^-1 J,
+    which is upper triangular because L^-1 is lower. One Cholesky and one inverse.
+    """
+    L = np.linalg.cholesky(H[::-1, ::-1])
+    return np.linalg.inv(L)[::-1, ::-1].copy()
+
+
+def quantize_gptq(w: np.ndarray, H: np.ndarray, g: Grid, damp: float = 0.01,
+                  block: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ sweep of w [rows, cols] with Hessian H [cols, cols]; returns (codes, scales)."""
+    rows, cols = w.shape
+    if cols % g.group:
+        raise BonsaiError(f"{cols} input columns do not split into groups of {g.group}")
+    W = np.array(w, dtype=np.float64)
+    H = np.array(H, dtype=np.float64)
+    dead = np.diag(H) <= 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    h_diag = np.diag(H).copy()
+    H[np.diag_indices(cols)] += damp * float(np.mean(np.diag(H)))
+    try:
+        U = _upper_inverse_cholesky(H)
+    except np.linalg.LinAlgError:
+        raise BonsaiError("the calibration Hessian is not positive definite even after damping; "
+                          "raise --damp or use more calibration text") from None
+    block = max(block // g.group, 1) * g.group
+    codes = np.zeros((rows, cols), dtype=np.int8)
+    scales = np.zeros((rows, cols // g.group), dtype=np.float32)
+    for i1 in range(0, cols, block):
+        i2 = min(i1 + block, cols)
+        W1 = W[:, i1:i2].copy()
+        E1 = np.zeros_like(W1)
+        U1 = U[i1:i2, i1:i2]
+        s = None
+        for i in range(i2 - i1):
+            c = i1 + i
+            if c % g.group == 0:
+                gi = c // g.group
+                s = g.group_scale(W1[:, i:i + g.group], h_diag[c:c + g.group]).astype(np.float64)
+                scales[:, gi] = s
+            col = W1[:, i]
+            q = g.round(col, s)
+            codes[:, c] = q
+            err = (col - s * q) / U1[i, i]
+            W1[:, i:] -= np.outer(err, U1[i, i:])
+            E1[:, i] = err
+        W[:, i2:] -= E1 @ U[i1:i2, i2:]
+    return codes, scales
+
+
+def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, H: np.ndarray,
+                 g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares group scales per row with the codes fixed (see the file header).
+
+    Returns (codes, scales); for symmetric code ranges a negative scale is turned positive by
+    negating its group's codes (same values).
+    """
+    rows, cols = w.shape
+    group = g.group
+    ng = cols // group
+    chunk = max(1, int(2e7 // (ng * cols)))
+    codes = codes.copy()
+    H = np.asarray(H, np.float64)
+    out = scales.astype(np.float32).copy()
+    ridge = 1e-9 * float(np.mean(np.diag(H)) or 1.0)
+    for r0 in range(0, rows, chunk):
+        r1 = min(r0 + chunk, rows)
+        T = codes[r0:r1].astype(np.float64)
+        Wr = w[r0:r1].astype(np.float64)
+        Tg = T.reshape(r1 - r0, ng, group)
+        TH = np.empty((r1 - r0, ng, cols))                        # A_r H: [r, ng, cols]
+        for gi in range(ng):
+            TH[:, gi] = Tg[:, gi] @ H[gi * group:(gi + 1) * group]
+        M = _gram(TH, Tg)
+        b = np.matmul(TH, Wr[:, :, None])[..., 0]
+        Mr = M.copy()
+        Mr[:, np.arange(ng), np.arange(ng)] += ridge
+        s_new = to_fp16(np.linalg.solve(Mr, b[..., None])[..., 0]).astype(np.float64)
+        s_old = out[r0:r1].astype(np.float64)
+        # row error = w H w^T - 2 s.b + s^T M s; the first term is common to both
+        better = _quad(M, b, s_new) < _quad(M, b, s_old)
+        out[r0:r1][better] = s_new[better].astype(np.float32)
+    if g.qmin == -g.qmax:
+        neg = out < 0
+        if neg.any():
+            flip = np.repeat(np.where(neg, -1, 1), group, axis=1).astype(np.int8)
+            codes *= flip
+            out = np.abs(out)
+    return codes, out
+
+
+def _gram(TH: np.ndarray, Tg: np.ndarray) -> np.ndarray:
+    """M[r, g, h] = sum over group h's columns c of TH[r, g, c] * T[r, c]."""
+    r, ng, cols = TH.shape
+    group = cols // ng
+    return (TH.reshape(r, ng, ng, group) * Tg[:, None]).sum(axis=-1)
+
+
+def _quad(M: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Per-row s^T M s - 2 s.b (the row's output error up to a constant)."""
+    return np.matmul(np.matmul(s[:, None, :], M), s[:, :, None])[:, 0, 0] - 2 * (s * b).sum(1)
+
+
+def reference_codes(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of the reference quantizer (bonsai_runner.quants) for Q8_0 / Q4_0, so a
+    tensor quantized without calibration gets exactly the bytes of the reference blocks."""
+    from .. import quants
+
+    rows, cols = w.shape
+    raw = np.asarray(quants.quantize(np.asarray(w, np.float32), tier)).reshape(rows, -1)
+    if tier == "q8_0":
+        blk = raw.view(np.dtype([("d", "<f2"), ("qs", "i1", (32,))])).reshape(rows, -1)
+        codes = blk["qs"].reshape(rows, cols)
+    elif tier == "q4_0":
+        blk = raw.view(np.dtype([("d", "<f2"), ("qs", "u1", (16,))])).reshape(rows, -1)
+        lo, hi = blk["qs"] & 0x0F, blk["qs"] >> 4
+        codes = (np.concatenate([lo, hi], axis=-1).astype(np.int16) - 8).reshape(rows, cols)
+    else:
+        raise BonsaiError(f"no reference block quantizer for tier {tier!r}")
+    return codes.astype(np.int8), blk["d"].astype(np.float32)
+
+
+def quantize_rtn(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """Plain per-group fit without error feedback (exact ternary fit / the type's rule)."""
+    rows, cols = w.shape
+    if cols % g.group:
+        raise BonsaiError(f"{cols} input columns do not split into groups of {g.group}")
+    wg = np.asarray(w, np.float64).reshape(rows, cols // g.group, g.group)
+    scales = np.stack([g.group_scale(wg[:, i], np.ones(g.group)) for i in range(wg.shape[1])], 1)
+    codes = g.round(wg, scales[..., None].astype(np.float64))
+    return codes.reshape(rows, cols), scales.astype(np.float32)
+
+
+@dataclass
+class LayerResult:
+    tier: str
+    codes: np.ndarray        # int8 [rows, cols]
+    scales: np.ndarray       # float32 (float16-exact) [rows, cols / group]
+    err_plain: float         # relative output error of the plain per-group fit
+    err_gptq: float          # ... after the GPTQ sweep
+    err: float               # ... final (after the least-squares scale refit)
+
+    def dequantize(self) -> np.ndarray:
+        return dequantize(self.codes, self.scales, grid(self.tier).group)
+
+
+def quantize_layer(w: np.ndarray, H: np.ndarray, tier: str, damp: float = 0.01) -> LayerResult:
+    """Plain fit (for the log), GPTQ sweep, then least-squares scale refit; keeps the best."""
+    g = grid(tier)
+    h = np.maximum(np.diag(H), 0.0)
+    if g.ternary:
+        from .ternary_fit import fit_ternary_matrix
+
+        pc, ps = fit_ternary_matrix(w, g.group, h)
+    else:
+        pc, ps = quantize_rtn(w, g)
+    err_of = _error_meter(w, H)
+    err_plain = err_of(dequantize(pc, ps, g.group))
+    codes, scales = quantize_gptq(w, H, g, damp)
+    err_gptq = err_of(dequantize(codes, scales, g.group))
+    codes, scales = refit_scales(w, codes, scales, H, g)
+    err = err_of(dequantize(codes, scales, g.group))
+    if err_plain < err:
+        codes, scales, err = pc, ps, err_plain
+    return LayerResult(tier, codes, scales, err_plain, err_gptq, err)

@@ -1,0 +1,495 @@
+"""The quantizer: a Hugging Face checkpoint + calibration text -> a PTQ1_0 directory (-> GGUF).
+
+Order of work (each step fails with one clear error before anything is written):
+1. open the checkpoint (hf_reader), pick its family (arch/), validate every tensor, load the
+   tokenizer, refuse an existing output without --force, parse the policy;
+2. scan the linear weights for already-ternary ones (convert/ternary.py): those are packed
+   losslessly; when every linear weight is, no calibration is needed at all;
+3. tokenize the calibration set (calibration.py);
+4. with --target-bpw, a float pre-pass (block by block) measures every unpinned linear layer at
+   every tier on its float inputs, and one global greedy promotion fixes the tiers (policy.py);
+5. embed the calibration tokens, then block by block (only that block's weights and the
+   calibration hidden states in memory, loaded through `BlockLoader`):
+   a. stage by stage (q/k/v, o, gate/up, down: block_forward.STAGES) accumulate the Hessian of the
+      stage's input *through the already-quantized part of the block*, quantize each layer (GPTQ +
+      scale refit, gptq.py), record cosine / relative output error, and with
+      --sensitivity-analysis send layers under --threshold to Q8_0;
+   b. with --calib-steps, refine the block's scales against the float block output (refine.py);
+   c. write the block's tensors, run the quantized block to get the next block's inputs;
+6. with --sensitivity-analysis, one more sweep gives each block's held-out loss increase
+   (sensitivity.py); the fallback table and bits-per-weight summary are printed, and the
+   directory is written under a temporary name and renamed (ptq1_dir.Ptq1DirWriter);
+7. with --outfile, the directory is converted to GGUF (convert.convert).
+
+The per-tensor cosine / relative error in the table are measured on the calibration Hessian right
+after GPTQ (before --calib-steps refinement, whose block-level effect is reported separately);
+loss_delta is the block-level held-out loss increase, repeated on each of the block's tensors.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BonsaiError
+from .block_forward import (HF_KEYS, INPUT_OF, LINEARS, STAGES, BlockConfig, block_forward,
+                            forward_batched)
+from .gptq import LayerResult, grid, quantize_layer, quantize_rtn, reference_codes
+from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
+                     promote_to_target)
+from .sensitivity import HeldOut, output_metrics
+
+
+@dataclass
+class QuantizeOptions:
+    model_dir: str
+    output_dir: str
+    calib_file: str | None = None          # None: the built-in calibration set
+    outfile: str | None = None
+    batch_size: int = 8                    # sequences per forward batch
+    calib_steps: int = 0
+    lr: float = 1e-3
+    sensitivity: bool = False
+    threshold: float = 0.98
+    target_bpw: float | None = None
+    group_size: int = 128
+    max_samples: int = 128
+    seq_len: int = 512
+    seed: int = 0
+    policy: str | None = None
+    embed_type: str = "f16"
+    damp: float = 0.01
+    held_out: int = 4                      # held-out sequences for the loss (sensitivity)
+    force: bool = False
+    progress: bool = True
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class BlockLoader:
+    """Reads the checkpoint one block (or one named tensor) at a time, as float32."""
+
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
+
+    def load_block(self, i: int) -> dict[str, np.ndarray]:
+        names = set(self.ckpt.tensor_names())
+        out = {}
+        for key, hf in HF_KEYS.items():
+            name = f"model.layers.{i}.{hf}"
+            if name in names:
+                out[key] = self.ckpt.read_float32(name)
+        return out
+
+    def read(self, name: str) -> np.ndarray:
+        return self.ckpt.read_float32(name)
+
+
+@dataclass
+class BlockReport:
+    index: int
+    layers: dict = field(default_factory=dict)     # key -> {tier, err_plain, err_gptq, err, cosine}
+    refine: dict | None = None
+
+
+def _hessian_of(x_all, w, cfg, batch, wanted: str) -> np.ndarray:
+    """H = 2 X^T X / tokens of the activations `wanted` when running x_all through the block."""
+    acc = {"H": None, "n": 0}
+
+    def cap(name, a):
+        if name != wanted:
+            return
+        a32 = np.ascontiguousarray(a, dtype=np.float32)
+        xtx = (a32.T @ a32).astype(np.float64)
+        acc["H"] = xtx if acc["H"] is None else acc["H"] + xtx
+        acc["n"] += a.shape[0]
+
+    for i in range(0, x_all.shape[0], batch):
+        block_forward(x_all[i:i + batch], w, cfg, cap)
+    return 2.0 * acc["H"] / max(acc["n"], 1)
+
+
+def _lossless_ternary(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    g = grid(tier).group
+    rows, cols = w.shape
+    wg = w.reshape(rows, cols // g, g)
+    s = np.abs(wg).max(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        codes = np.where(s[..., None] > 0, np.rint(wg / s[..., None]), 0).astype(np.int8)
+    return codes.reshape(rows, cols), s.astype(np.float32)
+
+
+class Quantizer:
+    def __init__(self, opts: QuantizeOptions, log=_stderr, loader_cls=BlockLoader):
+        from ..convert.arch import family_for
+        from ..convert.hf_reader import HfCheckpoint
+        from .calibration import Tokenizer
+
+        self.opts, self.log = opts, log
+        self.ckpt = HfCheckpoint(opts.model_dir)
+        self.family = family_for(self.ckpt.config, str(Path(opts.model_dir) / "config.json"))
+        shapes = {n: self.ckpt.shape(n) for n in self.ckpt.tensor_names()}
+        self.specs = self.family.validate_tensors(shapes, str(opts.model_dir))
+        self.hp = self.family.hp
+        self.cfg = BlockConfig.from_family(self.family)
+        self.tokenizer = Tokenizer(opts.model_dir)
+        self.policy = Policy(opts.group_size, opts.embed_type, tuple(parse_policy(opts.policy)))
+        self.loader = loader_cls(self.ckpt)
+        out = Path(opts.output_dir)
+        if out.exists() and not opts.force:
+            raise BonsaiError(f"{out} already exists; pass --force to replace it")
+        if opts.outfile and Path(opts.outfile).exists() and not opts.force:
+            raise BonsaiError(f"{opts.outfile} already exists; pass --force to replace it")
+        if opts.batch_size < 1:
+            raise BonsaiError(f"--batch-size {opts.batch_size}: must be at least 1")
+        if opts.calib_steps < 0 or opts.lr <= 0:
+            raise BonsaiError("--calib-steps must be >= 0 and --lr > 0")
+        if not 0.0 < opts.threshold <= 1.0:
+            raise BonsaiError(f"--threshold {opts.threshold}: a cosine similarity in (0, 1]")
+        self.types = {s.hf_name: self.policy.type_of(s.hf_name, len(s.shape)) for s in self.specs}
+        for s in self.specs:
+            t = self.types[s.hf_name][0]
+            if t in QUANT_TIERS and s.shape[-1] % grid(t).group:
+                raise BonsaiError(f"{s.hf_name}: {s.shape[-1]} input columns do not split into "
+                                  f"groups of {grid(t).group} for {t.upper()}; give it another "
+                                  "type with --policy")
+        linear = [(s.hf_name, int(np.prod(s.shape)),
+                   self.types[s.hf_name][0] if self.types[s.hf_name][1] else None)
+                  for s in self.specs if s.role == "linear"]
+        if opts.target_bpw is not None:
+            check_target(opts.target_bpw, linear, self.policy.ternary)
+
+    # ----- already-ternary weights -----
+
+    def scan_ternary(self) -> dict[str, str]:
+        """hf name -> ternary tier for linear weights that are exactly ternary (lossless)."""
+        from ..convert.ternary import best_ternary_type, looks_ternary, ternary_groups
+
+        found = {}
+        for s in self.specs:
+            if s.role != "linear" or self.types[s.hf_name][1]:
+                continue
+            if not looks_ternary(self._sample_rows(s.hf_name)):
+                continue
+            groups = ternary_groups(self.ckpt.read_float32(s.hf_name))
+            t = best_ternary_type(groups)
+            if t is not None:
+                found[s.hf_name] = t
+        return found
+
+    def _sample_rows(self, name: str, rows: int = 8) -> np.ndarray:
+        """The first rows of a tensor as float32, read from the mapping (not the whole tensor)."""
+        from ..convert.safetensors_file import bf16_bits_to_float32
+
+        raw = self.ckpt.read_raw(name)[:rows]
+        if self.ckpt.dtype(name) == "BF16":
+            return bf16_bits_to_float32(raw)
+        return np.asarray(raw, dtype=np.float32)
+
+    # ----- main loop -----
+
+    def run(self) -> dict:
+        from ..convert.ptq1_dir import Ptq1DirWriter, summarize
+        from tqdm import tqdm
+
+        o = self.opts
+        lossless = self.scan_ternary()
+        n_linear = sum(1 for s in self.specs if s.role == "linear")
+        calib = None
+        if len(lossless) < n_linear:
+            from .calibration import default_calibration_file, load_calibration
+
+            path = o.calib_file or default_calibration_file()
+            if o.calib_file is None:
+                self.log(f"no --calib-file: using the built-in calibration set {path}")
+            calib = load_calibration(path, self.tokenizer, o.seq_len, o.max_samples, o.seed,
+                                     self.hp.n_vocab)
+            cs = calib.summary()
+            self.log(f"calibration: {cs['samples']} samples, {cs['tokens_available']} tokens -> "
+                     f"{cs['sequences']} sequences x {cs['seq_len']} tokens; domains "
+                     + ", ".join(f"{k} {v:.0%}" for k, v in cs["domains"].items()))
+            for wmsg in calib.warnings:
+                self.log(f"warning: {wmsg}")
+        elif lossless:
+            self.log(f"all {n_linear} linear weights are already ternary: packing them losslessly "
+                     "without calibration")
+        summary_cal = calib.summary() if calib else {"lossless_ternary": True}
+        self.tier_plan = {}
+        if o.target_bpw is not None and calib is not None:
+            self.tier_plan = self._plan_target_bpw(calib, lossless, tqdm)
+        with Ptq1DirWriter(o.output_dir, self.ckpt.config, tokenizer_dir=o.model_dir,
+                           scheme=self.policy.ternary, calibration=summary_cal,
+                           force=o.force) as writer:
+            report = self._quantize_all(writer, calib, lossless, tqdm)
+            if "sensitivity" in report:
+                summary_cal["sensitivity"] = report["sensitivity"]
+            writer.calibration = summary_cal
+            summary = summarize(writer.records)
+            records = list(writer.records)
+        self._print_table(records, summary, report)
+        result = {"output_dir": str(Path(o.output_dir)), "summary": summary, "report": report}
+        if o.outfile:
+            from ..convert import convert
+
+            convert(o.output_dir, o.outfile, "auto", force=o.force, progress=o.progress,
+                    log=self.log)
+            result["outfile"] = str(o.outfile)
+        return result
+
+    def _quantize_all(self, writer, calib, lossless, tqdm) -> dict:
+        o, hp = self.opts, self.hp
+        by_block: dict[int, list] = {}
+        head_specs = []
+        for s in self.specs:
+            if s.hf_name.startswith("model.layers."):
+                by_block.setdefault(int(s.hf_name.split(".")[2]), []).append(s)
+            else:
+                head_specs.append(s)
+        embed_name = "model.embed_tokens.weight"
+        embed = self.loader.read(embed_name)
+        embed_q = self._write_2d(writer, embed_name, embed, self.types[embed_name][0],
+                                 "token embedding")
+        x = heldout = None
+        if calib is not None:
+            tokens = calib.tokens
+            if o.sensitivity:
+                n_h = min(o.held_out, max(tokens.shape[0] // 4, 1))
+                held_len = min(tokens.shape[1], 256)
+                held = tokens[-n_h:, :held_len]
+                if tokens.shape[0] > n_h:
+                    tokens = tokens[:-n_h]
+                else:
+                    self.log("warning: only one calibration sequence: the held-out loss is "
+                             "measured on calibration text")
+                heldout = HeldOut(held, embed, embed_q)
+            x = embed_q[tokens].astype(np.float32)
+        del embed, embed_q
+        reports = []
+        bar = tqdm(range(hp.n_layer), desc="quantizing blocks", unit="block",
+                   disable=not o.progress, file=sys.stderr)
+        for i in bar:
+            w = self.loader.load_block(i)
+            rep, qw, stored = self._quantize_block(i, w, x, lossless)
+            if x is not None and o.calib_steps > 0:
+                from .refine import refine_block
+
+                self.log(f"blk.{i}: refining scales ({o.calib_steps} Adam steps, lr {o.lr})")
+                rep.refine = refine_block(x, w, qw, stored, self.cfg, o.calib_steps, o.lr,
+                                          o.batch_size, o.seed, log=self.log)
+                self.log(f"blk.{i}: refinement over {o.calib_steps} steps, block output error "
+                         f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}"
+                         + ("" if rep.refine["kept"] else " (not better: scales kept)"))
+            for s in by_block[i]:
+                key = next(k for k, hf in HF_KEYS.items() if s.hf_name.endswith("." + hf))
+                if key in stored:
+                    res, info = stored[key]
+                    writer.add_quantized(s.hf_name, res.tier, res.codes, res.scales,
+                                         cosine=info.get("cosine"), rel_err=info.get("rel_err"),
+                                         fallback_reason=info.get("reason"))
+                else:
+                    t = self.types[s.hf_name][0]
+                    # a copy: the writer's shard buffer must not keep the loaded block alive
+                    writer.add_plain(s.hf_name, qw[key].copy(),
+                                     "F32" if qw[key].ndim < 2 else t.upper(),
+                                     fallback_reason=(f"policy: kept at {t.upper()}"
+                                                      if qw[key].ndim == 2 else None))
+            if x is not None:
+                x = forward_batched(x, qw, self.cfg, o.batch_size)
+            if heldout is not None:
+                heldout.step(i, lambda h, w=w: forward_batched(h, w, self.cfg, o.batch_size),
+                             lambda h, qw=qw: forward_batched(h, qw, self.cfg, o.batch_size))
+            reports.append(rep)
+            del w, qw, stored
+        bar.close()
+        for s in head_specs:
+            if s.hf_name == embed_name:
+                continue
+            t = self.types[s.hf_name][0]
+            data = self.loader.read(s.hf_name)
+            if len(s.shape) == 2:
+                self._write_2d(writer, s.hf_name, data, t, "output head")
+            else:
+                writer.add_plain(s.hf_name, data.copy(), "F32")
+        out = {"blocks": [{"block": r.index, "layers": r.layers, "refine": r.refine}
+                          for r in reports]}
+        if heldout is not None:
+            out["sensitivity"] = self._block_losses(heldout, writer)
+        return out
+
+    def _write_2d(self, writer, name, data, t, what) -> np.ndarray:
+        """Writes embedding/head `name` at type t; returns the values as stored (float32)."""
+        if t in QUANT_TIERS:
+            codes, scales = (quantize_rtn(data, grid(t)) if grid(t).ternary
+                             else reference_codes(data, t))
+            reason = None if grid(t).ternary else f"{what} at {t.upper()} (--embed-type/--policy)"
+            writer.add_quantized(name, t, codes, scales, fallback_reason=reason)
+            from .gptq import dequantize
+
+            return dequantize(codes, scales, grid(t).group)
+        writer.add_plain(name, data, t.upper(), fallback_reason=f"{what} kept at {t.upper()}")
+        if t == "f16":
+            return data.astype(np.float16).astype(np.float32)
+        if t == "bf16":
+            from ..quants import bf16_bits_to_fp32, fp32_to_bf16_bits
+
+            return bf16_bits_to_fp32(fp32_to_bf16_bits(data)).reshape(data.shape)
+        return data
+
+    # ----- one block -----
+
+    def _block_tiers(self, i) -> tuple[dict[str, str], dict[str, str]]:
+        """key -> type for block i's linears, and key -> reason for --target-bpw promotions."""
+        tiers, reasons = {}, {}
+        for key in LINEARS:
+            name = f"model.layers.{i}.{HF_KEYS[key]}"
+            tiers[key] = self.types[name][0]
+            if name in self.tier_plan:
+                tiers[key], why = self.tier_plan[name]
+                if why:
+                    reasons[key] = why
+        return tiers, reasons
+
+    def _plan_target_bpw(self, calib, lossless, tqdm) -> dict[str, tuple[str, str | None]]:
+        """--target-bpw: a float pre-pass over the blocks (one at a time) measures every unpinned
+        linear layer at every tier on its float calibration inputs; then one global greedy
+        promotion (policy.promote_to_target). Returns hf name -> (tier, reason or None)."""
+        o = self.opts
+        chain = PROMOTION[PROMOTION.index(self.policy.ternary):]
+        embed = self.loader.read("model.embed_tokens.weight")
+        x = embed[calib.tokens].astype(np.float32)
+        del embed
+        items = {}
+        bar = tqdm(range(self.hp.n_layer), desc="measuring tiers (--target-bpw)", unit="block",
+                   disable=not o.progress, file=sys.stderr)
+        for i in bar:
+            w = self.loader.load_block(i)
+            for stage in STAGES:
+                H = _hessian_of(x, w, self.cfg, o.batch_size, INPUT_OF[stage[0]])
+                for key in stage:
+                    name = f"model.layers.{i}.{HF_KEYS[key]}"
+                    t, pin = self.types[name]
+                    fixed = lossless.get(name) if not pin else t
+                    err = {} if fixed else {tt: quantize_layer(w[key], H, tt, o.damp).err
+                                            for tt in chain}
+                    items[name] = {"params": w[key].size, "pinned": fixed, "err": err}
+            x = forward_batched(x, w, self.cfg, o.batch_size)
+            del w
+        bar.close()
+        choice = promote_to_target(o.target_bpw, items, self.policy.ternary)
+        base = self.policy.ternary
+        plan = {}
+        for name, t in choice.items():
+            it = items[name]
+            why = None
+            if it["pinned"] is None and t != base:
+                why = (f"target-bpw {o.target_bpw}: promoted to {t.upper()} (rel err "
+                       f"{it['err'][base]:.4f} at {base.upper()} -> {it['err'][t]:.4f})")
+            plan[name] = (t, why)
+        return plan
+
+    def _quantize_block(self, i, w, x, lossless):
+        o = self.opts
+        rep = BlockReport(i)
+        qw = dict(w)
+        stored: dict[str, tuple[LayerResult, dict]] = {}
+        tiers, reasons = self._block_tiers(i)
+        for stage in STAGES:
+            H = None
+            for key in stage:
+                name = f"model.layers.{i}.{HF_KEYS[key]}"
+                pinned = self.types[name][1]
+                t = tiers[key]
+                if name in lossless and not pinned:
+                    tt = lossless[name]
+                    codes, scales = _lossless_ternary(w[key], tt)
+                    res = LayerResult(tt, codes, scales, 0.0, 0.0, 0.0)
+                    stored[key] = (res, {"cosine": 1.0, "rel_err": 0.0})
+                    qw[key] = res.dequantize()
+                    rep.layers[key] = {"tier": tt, "lossless": True}
+                    continue
+                if t not in QUANT_TIERS:
+                    qw[key] = self._plain_values(w[key], t)
+                    continue
+                if H is None:
+                    H = _hessian_of(x, qw, self.cfg, o.batch_size, INPUT_OF[key])
+                res = quantize_layer(w[key], H, t, o.damp)
+                cos, rel = output_metrics(w[key], res.dequantize(), H)
+                reason = reasons.get(key)
+                if t == "q8_0" and reason is None and not pinned:
+                    reason = "default policy: down_proj kept at Q8_0"
+                elif pinned and t != self.policy.ternary:
+                    reason = f"policy: {t.upper()}"
+                if (o.sensitivity and not pinned and grid(t).ternary and cos < o.threshold):
+                    reason = (f"cosine {cos:.4f} < {o.threshold} at {t.upper()}: fell back to "
+                              "Q8_0")
+                    first = {"tier": t, "cosine": cos, "rel_err": rel}
+                    res = quantize_layer(w[key], H, "q8_0", o.damp)
+                    cos, rel = output_metrics(w[key], res.dequantize(), H)
+                    rep.layers.setdefault("fallback", {})[key] = first
+                stored[key] = (res, {"cosine": cos, "rel_err": rel, "reason": reason})
+                qw[key] = res.dequantize()
+                rep.layers[key] = {"tier": res.tier, "err_plain": res.err_plain,
+                                   "err_gptq": res.err_gptq, "err": res.err, "cosine": cos}
+                self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} {res.tier:<6} rel. output "
+                         f"error: plain {res.err_plain:.4f}  gptq {res.err_gptq:.4f}  refit "
+                         f"{res.err:.4f}  (cosine {cos:.4f})")
+        for key in w:
+            if key not in LINEARS:
+                qw[key] = w[key]
+        return rep, qw, stored
+
+    @staticmethod
+    def _plain_values(a: np.ndarray, t: str) -> np.ndarray:
+        if t == "f16":
+            return a.astype(np.float16).astype(np.float32)
+        return a
+
+    # ----- held-out loss and the report -----
+
+    def _block_losses(self, heldout: HeldOut, writer) -> dict:
+        o = self.opts
+        norm_w = self.loader.read("model.norm.weight")
+        head = self.loader.read("model.embed_tokens.weight" if self.hp.tied else "lm_head.weight")
+
+        def load_fp(j):
+            w = self.loader.load_block(j)
+            return lambda h: forward_batched(h, w, self.cfg, o.batch_size)
+
+        res = heldout.losses(self.hp.n_layer, load_fp, norm_w, head, self.hp.rms_eps)
+        for r in writer.records:
+            if r.tensor.startswith("model.layers.") and len(r.shape) == 2:
+                r.loss_delta = float(res["block_loss_delta"][int(r.tensor.split(".")[2])])
+        return {"held_out_sequences": int(heldout.tokens.shape[0]),
+                "held_out_tokens": int(heldout.tokens.size),
+                "loss_fp": res["loss_fp"], "loss_quantized": res["loss_quantized"],
+                "block_loss_delta": {str(k): v for k, v in res["block_loss_delta"].items()}}
+
+    def _print_table(self, records, summary, report) -> None:
+        rows = [r for r in records if r.fallback_reason]
+        self.log(f"fallback layer table ({len(rows)} tensor(s) kept above "
+                 f"{self.policy.ternary.upper()}):")
+        self.log(f"  {'tensor':<44} {'type':<7} {'cosine':>7} {'rel_err':>8} {'loss_d':>8}  reason")
+        for r in rows:
+            def f(v, w=7):
+                return f"{v:>{w}.4f}" if v is not None else " " * (w - 1) + "-"
+            self.log(f"  {r.tensor:<44} {r.dtype.upper():<7} {f(r.cosine)} {f(r.rel_err, 8)} "
+                     f"{f(r.loss_delta, 8)}  {r.fallback_reason}")
+        self.log(f"bits per weight (scales included): linear layers {summary['bpw_linear']:.4f}, "
+                 f"whole file {summary['bpw_file']:.4f}; tensors by type: "
+                 + ", ".join(f"{k.upper()} {v}" for k, v in sorted(summary['tensors_by_type'].items())))
+        sens = report.get("sensitivity")
+        if sens:
+            self.log(f"held-out loss ({sens['held_out_tokens']} tokens): float "
+                     f"{sens['loss_fp']:.4f}, quantized {sens['loss_quantized']:.4f}")
+
+
+def quantize_model(opts: QuantizeOptions, log=_stderr, loader_cls=BlockLoader) -> dict:
+    return Quantizer(opts, log, loader_cls).run()
+
+
+__all__ = ["QuantizeOptions", "BlockLoader", "Quantizer", "quantize_model"]

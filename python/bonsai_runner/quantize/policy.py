@@ -1,0 +1,162 @@
+"""Which type each tensor gets: the default scheme, per-pattern overrides, and --target-bpw promotion.
+
+Default scheme (SPEC section 5):
+    q/k/v/o, gate/up projections      ternary: PTQ1_0 (g128), or Q2_0 (g64) with --group-size 64
+    down_proj                         Q8_0
+    token embedding, output head      F16 (--embed-type q8_0: Q8_0)
+    norms, biases, other 1-D tensors  F32
+`--policy` overrides per pattern, later rules winning: "pattern=type,pattern=type" or a JSON file
+{"pattern": "type", ...}. A pattern with `*`/`?`/`[` is a glob on the Hugging Face tensor name,
+otherwise a substring ("down_proj=ptq1_0", "layers.0.*=q8_0"). Overridden tensors are pinned:
+neither the sensitivity threshold nor --target-bpw changes them.
+
+--target-bpw B (greedy, over the whole model): every unpinned linear layer starts at the ternary
+tier; while the linear-layer average is below B, the tensor whose next tier in PTQ1_0 -> Q2_0
+(g64) -> Q4_0 -> Q8_0 buys the largest drop of its estimated loss per extra bit is promoted. The
+estimated loss of a tensor at a tier is its relative layer-output error squared, measured by the
+pipeline on the float model's calibration inputs (a pre-pass, one block at a time). B below the
+all-ternary average, or above all-Q8_0, is an error. Pinned tensors keep their type but count in
+the average.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BonsaiError
+from ..ggml_types import type_info
+
+QUANT_TIERS = ("ptq1_0", "q2_0", "q4_0", "q8_0")
+PLAIN_TYPES = ("f16", "f32", "bf16")
+PROMOTION = ("ptq1_0", "q2_0", "q4_0", "q8_0")
+TERNARY_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
+
+
+def tier_bpw(t: str) -> float:
+    return type_info(t).bpw
+
+
+def ternary_tier(group_size: int) -> str:
+    if group_size == 128:
+        return "ptq1_0"
+    if group_size == 64:
+        return "q2_0"
+    raise BonsaiError(f"--group-size {group_size}: the ternary file types store one scale per 128 "
+                      "weights (PTQ1_0) or per 64 (Q2_0); use 128 or 64")
+
+
+def parse_policy(spec: str | None) -> list[tuple[str, str]]:
+    """[(pattern, type)] from "p=t,p=t" or a JSON file path; types are checked."""
+    if not spec:
+        return []
+    p = Path(spec)
+    if p.suffix.lower() == ".json" or p.is_file():
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BonsaiError(f"--policy {spec}: file not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BonsaiError(f"--policy {spec}: not a JSON object of pattern -> type ({e})") \
+                from None
+        if not isinstance(data, dict):
+            raise BonsaiError(f"--policy {spec}: expected a JSON object of pattern -> type")
+        rules = list(data.items())
+    else:
+        rules = []
+        for part in spec.split(","):
+            if "=" not in part:
+                raise BonsaiError(f"--policy: rule {part!r} is not pattern=type (e.g. "
+                                  "\"down_proj=q4_0,layers.0.*=q8_0\")")
+            pat, t = part.rsplit("=", 1)
+            rules.append((pat.strip(), t.strip()))
+    out = []
+    for pat, t in rules:
+        t = str(t).lower()
+        if t not in QUANT_TIERS + PLAIN_TYPES or not pat:
+            raise BonsaiError(f"--policy: rule {pat!r}={t!r}: type must be one of "
+                              f"{', '.join(QUANT_TIERS + PLAIN_TYPES)}")
+        out.append((pat, t))
+    return out
+
+
+def _matches(pattern: str, name: str) -> bool:
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return pattern in name
+
+
+@dataclass
+class Policy:
+    group_size: int = 128
+    embed_type: str = "f16"
+    rules: tuple = ()
+
+    def __post_init__(self):
+        self.ternary = ternary_tier(self.group_size)
+        if self.embed_type not in ("f16", "q8_0"):
+            raise BonsaiError(f"--embed-type {self.embed_type}: use f16 or q8_0")
+
+    def default_type(self, name: str, ndim: int) -> str:
+        if ndim < 2:
+            return "f32"
+        if "embed_tokens" in name or name.startswith("lm_head"):
+            return self.embed_type
+        if any(f".{k}." in name for k in TERNARY_LINEARS):
+            return self.ternary
+        if ".down_proj." in name:
+            return "q8_0"
+        return "f16"
+
+    def type_of(self, name: str, ndim: int) -> tuple[str, bool]:
+        """(type, pinned by a --policy rule)."""
+        t, pinned = self.default_type(name, ndim), False
+        for pat, rt in self.rules:
+            if _matches(pat, name):
+                t, pinned = rt, True
+        if ndim < 2 and t in QUANT_TIERS:
+            raise BonsaiError(f"--policy: {name} is 1-D; only 2-D weights can be quantized")
+        return t, pinned
+
+
+def check_target(target: float, linear: list[tuple[str, int, str | None]], ternary: str) -> None:
+    """linear: (name, params, pinned type or None). Errors when `target` cannot be met."""
+    n = sum(p for _, p, _ in linear)
+    lo = sum(p * tier_bpw(t or ternary) for _, p, t in linear) / n
+    hi = sum(p * tier_bpw(t or "q8_0") for _, p, t in linear) / n
+    if target < lo - 1e-9:
+        raise BonsaiError(f"--target-bpw {target}: below {lo:.4f}, the linear-layer average with "
+                          f"every unpinned linear layer at {ternary.upper()} (scales included); "
+                          "raise it")
+    if target > hi + 1e-9:
+        raise BonsaiError(f"--target-bpw {target}: above {hi:.4f}, the linear-layer average with "
+                          "every unpinned linear layer at Q8_0, the highest tier; lower it")
+
+
+def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> dict[str, str]:
+    """Greedy promotion. items: name -> {"params", "pinned": type|None,
+    "err": {tier: relative output error}}; returns name -> tier."""
+    chain = PROMOTION[PROMOTION.index(ternary):]
+    choice = {n: (it["pinned"] or ternary) for n, it in items.items()}
+    total = sum(it["params"] for it in items.values())
+
+    def avg():
+        return sum(items[n]["params"] * tier_bpw(t) for n, t in choice.items()) / total
+
+    while avg() < target - 1e-9:
+        best, best_gain = None, None
+        for n, it in items.items():
+            if it["pinned"] or choice[n] == chain[-1]:
+                continue
+            cur = choice[n]
+            nxt = chain[chain.index(cur) + 1]
+            gain = (it["err"][cur] ** 2 - it["err"][nxt] ** 2) / (
+                it["params"] * (tier_bpw(nxt) - tier_bpw(cur)))
+            if best_gain is None or gain > best_gain:
+                best, best_gain = n, gain
+        if best is None:
+            break
+        choice[best] = chain[chain.index(choice[best]) + 1]
+    return choice
