@@ -11,5 +11,9 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBONSAI_BUILD_TESTS=
   -DBONSAI_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" \
   -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" "$@" >/dev/null
 cmake --build "$build" -j 2
-cp "$build"/_core*.so python/bonsai_runner/
+# copy under a temporary name and rename, so processes that have the old module loaded keep it
+for so in "$build"/_core*.so; do
+  cp "$so" "python/bonsai_runner/.$(basename "$so").tmp"
+  mv -f "python/bonsai_runner/.$(basename "$so").tmp" "python/bonsai_runner/$(basename "$so")"
+done
 echo "built $build; run: PYTHONPATH=python PATH=$build:\$PATH python3 -m pytest"
