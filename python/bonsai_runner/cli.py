@@ -15,6 +15,7 @@ import sys
 COMMANDS = {
     "convert": "convert",
     "inspect": "inspect_cmd",
+    "plan": "plan",
     "quantize": "quantize",
 }
 
