@@ -87,8 +87,8 @@ def test_plan_from_config_matches_converted_file(hf_model, tmp_path):
 def test_largest_context_is_the_boundary(engine_case):
     path, ctx = engine_case
     d = describe_gguf(path)
-    p = PlanParams(n_threads=2, n_batch=ctx.get("n_batch", 512), n_parallel=ctx.get("n_parallel", 1),
-                   memory=parse_size("8MiB"))
+    p = PlanParams(n_threads=2, n_batch=ctx.get("n_batch", 512),
+                   n_parallel=ctx.get("n_parallel", 1), memory=parse_size("8MiB"))
     n = largest_context(d, p)
     assert n > 0
     assert device_budgets(d, p, n)["CPU"]["total_bytes"] <= p.memory
@@ -168,3 +168,23 @@ def test_bad_files(tmp_path):
     junk.write_bytes(b"GGUF" + b"\0" * 10)
     r = run_cli("plan", str(junk))
     assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_help_worked_example_matches_the_planner():
+    """The 27B table in `bonsai plan --help` is what the planner computes today."""
+    from bonsai_runner.commands import plan as plan_cmd
+    from bonsai_runner.plan import format_bytes
+
+    rows = [ln.split() for ln in plan_cmd.__doc__.splitlines()
+            if ln.strip().startswith(("f16 ", "q8_0 "))]
+    assert len(rows) == 4
+    d = describe_preset("27b")
+    for kv, ctx, kv_size, kv_unit, tot, tot_unit, max_ctx, ceil, _ in rows:
+        p = PlanParams(n_ctx=int(ctx), n_gpu_layers=99, type_k=kv, type_v=kv,
+                       memory=parse_size("24GB"), bandwidth=parse_bandwidth("1008GB/s"))
+        plan = make_plan(d, p)
+        gpu = plan["devices"]["GPU"]
+        assert gpu["kv_bytes"] / (1 << 30) == pytest.approx(float(kv_size), abs=0.01)
+        assert format_bytes(gpu["total_bytes"]) == f"{tot} {tot_unit}"
+        assert plan["budget"]["max_ctx"] == int(max_ctx)
+        assert f"{plan['decode_ceiling']['at_ctx']['tokens_per_s']:.1f}" == ceil

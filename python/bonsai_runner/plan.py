@@ -15,10 +15,10 @@ CPU figures use the engine's own allocation formulas (they must agree with what
 
 GPU figures are an estimate with the same accounting: the engine has no CUDA backend yet. The first
 --n-gpu-layers blocks (and output_norm / output when all blocks are offloaded) hold their weights
-and KV cells on the GPU; its compute buffer is the same activation layout for nb tokens plus, without
---flash-attn, the float32 attention score matrix n_head x nb x n_ctx; runtime overhead is a fixed
-allowance (--gpu-overhead, default 512 MiB: CUDA context, kernels, cuBLAS workspace). The token
-embedding stays on the CPU (one row is gathered per token).
+and KV cells on the GPU; its compute buffer is the same activation layout for nb tokens plus,
+without --flash-attn, the float32 attention score matrix n_head x nb x n_ctx; runtime overhead is
+a fixed allowance (--gpu-overhead, default 512 MiB: CUDA context, kernels, cuBLAS workspace). The
+token embedding stays on the CPU (one row is gathered per token).
 
 Decode ceiling: one decode step reads every weight matrix once (one row of token_embd; the tied
 output head reads all of it), the 1-D tensors, and the K/V rows of every cell in use; the time for
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .errors import BonsaiError
 from .ggml_types import type_info
-from .plan_model import ROLE_EMBD, ROLE_OUTPUT, ROLE_VECTOR, ModelDesc
+from .plan_model import ROLE_EMBD, ROLE_VECTOR, ModelDesc
 
 MAX_SEQ = 64                 # KvCache::kMaxSeq
 MAX_CTX = 1 << 24            # search limit for the largest context
@@ -86,7 +86,8 @@ def check_params(d: ModelDesc, p: PlanParams) -> None:
 
 # ----- the engine's formulas -----
 
-def kv_bytes(d: ModelDesc, n_cells: int, type_k: str, type_v: str, n_layer: int | None = None) -> int:
+def kv_bytes(d: ModelDesc, n_cells: int, type_k: str, type_v: str,
+             n_layer: int | None = None) -> int:
     """KvCache::bytes_needed for n_layer layers (all by default)."""
     layers = d.n_layer if n_layer is None else n_layer
     row = type_info(type_k).row_bytes(d.n_embd_kv) + type_info(type_v).row_bytes(d.n_embd_kv)
@@ -326,7 +327,8 @@ def format_plan(plan: dict) -> str:
            f"{format_bytes(m['weights_bytes'])}, linear layers {m['linear_bpw']:.3f} bpw",
            f"context: {s['n_ctx']} cells over {s['n_parallel']} sequence(s), batch {s['n_batch']}, "
            f"KV {s['type_k']}/{s['type_v']}, {s['n_threads']} threads, "
-           f"{s['n_gpu_layers']} layer(s) on the GPU{', flash attention' if s['flash_attn'] else ''}",
+           f"{s['n_gpu_layers']} layer(s) on the GPU"
+           f"{', flash attention' if s['flash_attn'] else ''}",
            ""]
     names = list(devs)
     head = ["CPU" if n == "CPU" else "GPU (estimate)" for n in names]
@@ -354,7 +356,8 @@ def format_plan(plan: dict) -> str:
     if b:
         verdict = (f"fits, {format_bytes(b['free_bytes'])} to spare" if b["fits"] else
                    f"does NOT fit: {format_bytes(-b['free_bytes'])} over")
-        out.append(f"budget: {format_bytes(b['memory_bytes'])} on the {b['device']}: {verdict}")
+        out.append(f"budget: {b['memory_bytes'] / 1e9:.2f} GB = {format_bytes(b['memory_bytes'])} "
+                   f"on the {b['device']}: {verdict}")
         out.append(f"largest context that fits: {b['max_ctx']} tokens" if b["max_ctx"] else
                    "largest context that fits: none (weights and buffers alone exceed the budget)")
     c = plan.get("decode_ceiling")
@@ -365,7 +368,7 @@ def format_plan(plan: dict) -> str:
             if e:
                 par = (f" ({e['per_sequence_tokens_per_s']:.1f} per sequence)"
                        if s["n_parallel"] > 1 else "")
-                out.append(f"decode ceiling at {label} ({e['n_ctx']} cells): "
+                out.append(f"decode ceiling at {label} ({e['n_ctx']} cells in use): "
                            f"{e['tokens_per_s']:.1f} tokens/s{par}, "
                            f"{format_bytes(e['bytes_per_step'])} read per step")
     for n in plan["notes"]:

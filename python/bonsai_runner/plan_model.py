@@ -92,8 +92,9 @@ PRESETS = {
 
 
 def _engine_tensor_names(arch: str, n_layer: int) -> list[tuple[str, int | None]]:
-    names: list[tuple[str, int | None]] = [("token_embd.weight", None), ("output_norm.weight", None),
-                                           ("output.weight", None), ("rope_freqs.weight", None)]
+    names: list[tuple[str, int | None]] = [
+        ("token_embd.weight", None), ("output_norm.weight", None), ("output.weight", None),
+        ("rope_freqs.weight", None)]
     for i in range(n_layer):
         b = f"blk.{i}."
         per = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
@@ -132,14 +133,16 @@ def describe_gguf(path: str | os.PathLike) -> ModelDesc:
         def key(k, default=None):
             v = md.get(f"{arch}.{k}", default)
             if v is None:
-                raise BonsaiError(f"{path}: metadata key {arch}.{k} is missing; re-convert the model")
+                raise BonsaiError(f"{path}: metadata key {arch}.{k} is missing; re-convert "
+                                  "the model")
             return v
 
         n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", n_embd // max(n_head, 1)))
         by_name = {t.name: t for t in g.tensors}
         if "token_embd.weight" not in by_name:
-            raise BonsaiError(f"{path}: tensor 'token_embd.weight' is missing; re-convert the model")
+            raise BonsaiError(f"{path}: tensor 'token_embd.weight' is missing; re-convert "
+                              "the model")
         emb = by_name["token_embd.weight"]
         n_vocab = int(md.get(f"{arch}.vocab_size") or emb.ne[1])
         d = ModelDesc(source=os.fspath(path), scheme="file", arch=arch, n_vocab=n_vocab,
@@ -197,7 +200,8 @@ def _types_outtype(specs, outtype: str, float_default: str) -> dict[str, str]:
         if len(s.shape) == 1:
             t = "f32"
         elif s.role in ("token_embd", "output"):
-            t = float_default if outtype == "auto" else (outtype if outtype in FREE_OUTTYPES else "f16")
+            t = outtype if outtype in FREE_OUTTYPES else "f16"
+            t = float_default if outtype == "auto" else t
         else:
             t = float_default if outtype == "auto" else outtype
         if len(s.shape) == 2 and not fits_block(t, s.shape[-1]):
@@ -265,11 +269,11 @@ def describe_config(config: dict, source: str, outtype: str | None = None,
         n = _numel(s.shape)
         nbytes = t.row_bytes(s.shape[-1]) * (n // s.shape[-1])
         layer = int(s.gguf_name.split(".")[1]) if s.gguf_name.startswith("blk.") else None
-        d.tensors.append(PlanTensor(s.gguf_name, t.name, nbytes, n, _role(s.gguf_name, len(s.shape)),
-                                    layer, int(s.shape[-1])))
+        d.tensors.append(PlanTensor(s.gguf_name, t.name, nbytes, n,
+                                    _role(s.gguf_name, len(s.shape)), layer, int(s.shape[-1])))
     for name, arr in fam.extra_tensors():
-        d.tensors.append(PlanTensor(name, "F32", 4 * int(arr.size), int(arr.size), ROLE_VECTOR, None,
-                                    int(arr.size)))
+        n = int(arr.size)
+        d.tensors.append(PlanTensor(name, "F32", 4 * n, n, ROLE_VECTOR, None, n))
     if outtype is None:
         d.notes.append("types before the quantizer's sensitivity analysis: each linear layer it "
                        "keeps at Q8_0 adds (8.5 - 1.75) / 8 bytes per weight")

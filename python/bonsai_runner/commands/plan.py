@@ -13,9 +13,16 @@ examples:
   bonsai plan ./Llama-3.1-8B --target-bpw 2.5 --ctx-size 32768 --cache-type-k q8_0 --json
   bonsai plan --preset 27b --n-gpu-layers 99 --memory 24GiB --bandwidth 1008GB/s --ctx-size 16384
 
-  # the 27B (PTQ1_0 default policy, down_proj at Q8_0) on a 24 GB RTX 4090, f16 KV, 16K context:
-  $ bonsai plan --preset 27b -ngl 99 --memory 24GB --bandwidth 1008GB/s -c 16384 --flash-attn
-  (see docs/plan.md for the output and the 8K / q8_0 variants)
+worked example - the 27B (default policy: 11.9 GiB of weights, 3.68 bpw over the linear layers)
+on a 24 GB, 1008 GB/s card, all layers on the GPU (GPU total, largest context, decode ceiling):
+  $ bonsai plan --preset 27b -ngl 99 --memory 24GB --bandwidth 1008GB/s -c 16384 -ctk f16 -ctv f16
+     KV    ctx    KV cache    GPU total   largest ctx   ceiling
+     f16   8192    1.88 GiB   14.76 GiB      33059      69.5 t/s
+     f16   16384   3.75 GiB   17.26 GiB      33059      61.1 t/s
+     q8_0  8192    1.00 GiB   13.88 GiB      50983      74.4 t/s
+     q8_0  16384   1.99 GiB   15.50 GiB      50983      68.9 t/s
+  all-ternary (--outtype ptq1_0, 6.0 GiB) at 16K f16: 11.33 GiB, ceiling 99.4 t/s;
+  --flash-attn drops the 1.25 GiB attention-score buffer at 16K. Full output: docs/plan.md.
 """
 
 from __future__ import annotations
