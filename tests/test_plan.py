@@ -188,3 +188,27 @@ def test_help_worked_example_matches_the_planner():
         assert format_bytes(gpu["total_bytes"]) == f"{tot} {tot_unit}"
         assert plan["budget"]["max_ctx"] == int(max_ctx)
         assert f"{plan['decode_ceiling']['at_ctx']['tokens_per_s']:.1f}" == ceil
+
+
+@pytest.mark.parametrize("target", [None, 3.0])
+def test_plan_from_config_matches_the_quantizer(hf_model, tmp_path, target):
+    """The default policy gives exactly the quantizer's types (no sensitivity analysis); with
+    --target-bpw the quantizer chooses tensors by measured error and the planner by a proxy, so
+    only the total is compared (within 5%) and both reach the target."""
+    facts = hf_model(arch="qwen3", hidden=128, ffn=256, n_head=4, n_head_kv=2, head_dim=64)
+    out = tmp_path / "q.gguf"
+    extra = ["--target-bpw", str(target)] if target else []
+    r = run_cli("quantize", "--model-dir", str(facts["dir"]), "--output-dir", str(tmp_path / "q"),
+                "--outfile", str(out), "--max-samples", "2", "--seq-len", "16", "--calib-steps",
+                "0", "--no-progress", *extra)
+    assert r.returncode == 0, r.stderr
+    d = describe(str(facts["dir"]), target_bpw=target)
+    cpu = device_budgets(d, PlanParams(n_ctx=64, n_threads=1))["CPU"]
+    with _core.Model(str(out)) as m:
+        mm = m.memory_report()
+    if target is None:
+        assert cpu["weights_by_type"] == mm["weights_by_type"]
+        assert d.scheme == "PTQ1_0 default policy"
+    else:
+        assert _within(cpu["weights_bytes"], mm["weights_bytes"])
+        assert d.linear_bpw() >= target
