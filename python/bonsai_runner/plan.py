@@ -166,7 +166,7 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
         dev = gpu if gpu is not None and _gpu_holds(t, n_gpu, all_on_gpu) else cpu
         _add_weight(dev, t)
         dev["read_per_token_bytes"] += _read_bytes(t)
-        if t.role == ROLE_VECTOR:
+        if t.role == ROLE_VECTOR and dev is cpu:      # the engine's float32 copies at load
             dev["overhead_items"]["1-D tensors as float32"] = (
                 dev["overhead_items"].get("1-D tensors as float32", 0) + 4 * t.n_elements)
         if t.role == ROLE_EMBD and d.tied:

@@ -17,10 +17,10 @@ worked example - the 27B (default policy: 11.9 GiB of weights, 3.68 bpw over the
 on a 24 GB, 1008 GB/s card, all layers on the GPU (GPU total, largest context, decode ceiling):
   $ bonsai plan --preset 27b -ngl 99 --memory 24GB --bandwidth 1008GB/s -c 16384 -ctk f16 -ctv f16
      KV    ctx    KV cache    GPU total   largest ctx   ceiling
-     f16   8192    1.88 GiB   14.76 GiB      33059      69.5 t/s
-     f16   16384   3.75 GiB   17.26 GiB      33059      61.1 t/s
-     q8_0  8192    1.00 GiB   13.88 GiB      50983      74.4 t/s
-     q8_0  16384   1.99 GiB   15.50 GiB      50983      68.9 t/s
+     f16   8192    1.88 GiB   14.76 GiB      33067      69.5 t/s
+     f16   16384   3.75 GiB   17.26 GiB      33067      61.1 t/s
+     q8_0  8192    1.00 GiB   13.88 GiB      50995      74.4 t/s
+     q8_0  16384   1.99 GiB   15.50 GiB      50995      68.9 t/s
   all-ternary (--outtype ptq1_0, 6.0 GiB) at 16K f16: 11.33 GiB, ceiling 99.4 t/s;
   --flash-attn drops the 1.25 GiB attention-score buffer at 16K. Full output: docs/plan.md.
 """
