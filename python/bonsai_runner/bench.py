@@ -124,11 +124,11 @@ class _ModelFacts:
     size: int
     params: int
     read_per_token: int     # weight bytes read per generated token
-    kv_row_bytes: dict      # (type_k, type_v) -> bytes per cell over all layers
+    desc: object            # plan_model.ModelDesc (KV cell sizes)
 
 
 def _model_facts(path: str) -> _ModelFacts:
-    from .plan import PlanParams, device_budgets, kv_bytes
+    from .plan import PlanParams, device_budgets
     from .plan_model import ROLE_EMBD, ROLE_OUTPUT, ROLE_MATRIX, describe_gguf
 
     d = describe_gguf(path)
@@ -138,11 +138,9 @@ def _model_facts(path: str) -> _ModelFacts:
             by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_elements
     main = max(by_type, key=by_type.get) if by_type else "?"
     cpu = device_budgets(d, PlanParams(n_ctx=1, n_threads=1))["CPU"]
-    kv = {(k, v): kv_bytes(d, 1, k, v) if d.head_dim % 32 == 0 or (k, v) == ("f16", "f16") else 0
-          for k in ("f16", "q8_0") for v in ("f16", "q8_0")}
     return _ModelFacts(f"{d.arch} {_size_label(d.n_params)} {main}",
                        sum(x.nbytes for x in d.tensors), d.n_params,
-                       cpu["read_per_token_bytes"], kv)
+                       cpu["read_per_token_bytes"], d)
 
 
 def _stats(samples: list[float]) -> tuple[float, float]:
@@ -177,6 +175,7 @@ def _run_test(model, n_tokens: int, gen: bool, combo: dict, reps: int, rng,
 def run_bench(cfg: BenchConfig, progress=None) -> tuple[list[BenchResult], dict]:
     """Runs the matrix; returns the results and the bandwidth probes by thread count."""
     from . import _core
+    from .plan import kv_bytes
 
     check_config(cfg)
     probes: dict[int, dict] = {}
@@ -206,7 +205,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> tuple[list[BenchResult], dict]
                                     combo["n_batch"], combo["act_mode"], name,
                                     0 if gen else n, n if gen else 0, samples, mean, sd)
                     if gen:
-                        kv_cell = facts.kv_row_bytes[(combo["type_k"], combo["type_v"])]
+                        kv_cell = kv_bytes(facts.desc, 1, combo["type_k"], combo["type_v"])
                         r.bytes_per_token = int(facts.read_per_token + kv_cell * (n - 1) / 2)
                     if gen and combo["threads"] in probes:
                         r.bandwidth = probes[combo["threads"]]["bytes_per_s"]
@@ -265,6 +264,10 @@ def format_md(results: list[BenchResult], probes: dict) -> str:
             row += ([f"{r.roofline_ts:.2f}", f"{r.roofline_pct:.1f}%"] if r.roofline_ts
                     else ["-", "-"])
         lines.append("| " + " | ".join(row) + " |")
+    from . import __version__
+
+    lines += ["", f"build: bonsai-runner {__version__} (CPU backend, {platform.machine()}, "
+              f"{os.cpu_count()} logical CPUs)"]
     return "\n".join(lines) + "\n"
 
 
