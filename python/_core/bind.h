@@ -11,5 +11,6 @@ void bind_gguf(pybind11::module_& m);    // GGUF reader
 void bind_vocab(pybind11::module_& m);   // tokenizers
 void bind_ops(pybind11::module_& m);     // matmul / get_rows kernels, CPU paths
 void bind_model(pybind11::module_& m);   // Model, Context, Sampler
+void bind_bench(pybind11::module_& m);   // memory bandwidth probe
 
 }  // namespace bonsai_py

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_core, m) {
     bonsai_py::bind_vocab(m);
     bonsai_py::bind_ops(m);
     bonsai_py::bind_model(m);
+    bonsai_py::bind_bench(m);
 }

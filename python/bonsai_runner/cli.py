@@ -13,8 +13,10 @@ import sys
 
 # Sub-command name -> module under bonsai_runner.commands (imported only when used).
 COMMANDS = {
+    "bench": "bench",
     "convert": "convert",
     "inspect": "inspect_cmd",
+    "plan": "plan",
     "quantize": "quantize",
 }
 

@@ -1,0 +1,376 @@
+"""The memory planner: what a model needs on each device before anything is loaded, the largest
+context that fits a budget, and the decode-speed ceiling that memory bandwidth allows.
+
+CPU figures use the engine's own allocation formulas (they must agree with what
+`_core.Model.memory_report()` + `_core.Context.memory_report()` report; tests/test_plan.py checks):
+  weights   every tensor the engine binds, at its stored size (mapped from the file, not copied)
+  KV cache  n_ctx cells x n_layer x (row_bytes(type_k, n_embd_kv) + row_bytes(type_v, n_embd_kv))
+            (cpp/src/kv_cache.cpp; n_ctx counts cells over all --parallel sequences)
+  compute   float32 scratch for nb = min(n_batch, n_ctx) tokens: x, cur [nb, n_embd], q, attn
+            [nb, n_embd_q], k, v [nb, n_embd_kv], gate, up [nb, n_ff], rope [nb, n_rot], plus per
+            thread 2 head_dim + n_rep (n_ctx + head_dim + 2) floats of attention scratch
+            (cpp/src/context.cpp compute_layout, cpp/src/layers.cpp attention_scratch_floats)
+  logits    n_seq_max x n_vocab float32
+  overhead  float32 copies of the 1-D tensors (exact) and the vocabulary tables (estimate)
+
+GPU figures are an estimate with the same accounting: the engine has no CUDA backend yet. The first
+--n-gpu-layers blocks (and output_norm / output when all blocks are offloaded) hold their weights
+and KV cells on the GPU; its compute buffer is the same activation layout for nb tokens plus,
+without --flash-attn, the float32 attention score matrix n_head x nb x n_ctx; runtime overhead is
+a fixed allowance (--gpu-overhead, default 512 MiB: CUDA context, kernels, cuBLAS workspace). The
+token embedding stays on the CPU (one row is gathered per token).
+
+Decode ceiling: one decode step reads every weight matrix once (one row of token_embd; the tied
+output head reads all of it), the 1-D tensors, and the K/V rows of every cell in use; the time for
+one step is the sum over devices of bytes read / bandwidth, and the step yields one token per
+sequence.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import BonsaiError
+from .ggml_types import type_info
+from .plan_model import ROLE_EMBD, ROLE_VECTOR, ModelDesc
+
+MAX_SEQ = 64                 # KvCache::kMaxSeq
+MAX_CTX = 1 << 24            # search limit for the largest context
+VOCAB_ENTRY_BYTES = 96       # per-token table overhead of the engine's vocabulary (estimate)
+VOCAB_TEXT_ESTIMATE = 8      # bytes of text per token when the vocabulary is not known
+GPU_OVERHEAD_DEFAULT = 512 << 20
+KV_TYPES = ("f16", "q8_0")
+
+
+@dataclass
+class PlanParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_parallel: int = 1
+    n_threads: int = 0           # 0 = os.cpu_count(), as the engine's hardware_concurrency
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_gpu_layers: int = 0
+    flash_attn: bool = False
+    memory: int | None = None    # budget in bytes of the planned device
+    bandwidth: float | None = None       # bytes/s of the planned device
+    cpu_bandwidth: float | None = None   # bytes/s of the CPU when layers are split
+    gpu_overhead: int = GPU_OVERHEAD_DEFAULT
+
+
+def resolve_threads(n: int) -> int:
+    return n if n > 0 else (os.cpu_count() or 1)
+
+
+def check_params(d: ModelDesc, p: PlanParams) -> None:
+    """The engine's validation of context parameters, with the same messages' substance."""
+    if p.n_ctx <= 0:
+        raise BonsaiError(f"--ctx-size must be positive, got {p.n_ctx}")
+    if p.n_batch <= 0:
+        raise BonsaiError(f"--batch-size must be positive, got {p.n_batch}")
+    if not 1 <= p.n_parallel <= MAX_SEQ:
+        raise BonsaiError(f"--parallel must be between 1 and {MAX_SEQ}, got {p.n_parallel}")
+    if p.n_threads < 0:
+        raise BonsaiError(f"--threads must be >= 0 (0 = all cores), got {p.n_threads}")
+    if p.n_gpu_layers < 0:
+        raise BonsaiError(f"--n-gpu-layers must be >= 0, got {p.n_gpu_layers}")
+    for which, t in (("K", p.type_k), ("V", p.type_v)):
+        if t.lower() not in KV_TYPES:
+            raise BonsaiError(f"KV cache type {which} = {t} is not supported; use f16 or q8_0")
+        if t.lower() == "q8_0" and d.head_dim % 32:
+            raise BonsaiError(f"KV cache type {which} = q8_0 needs a head size that is a multiple "
+                              f"of 32, this model's is {d.head_dim}; use f16")
+
+
+# ----- the engine's formulas -----
+
+def kv_bytes(d: ModelDesc, n_cells: int, type_k: str, type_v: str,
+             n_layer: int | None = None) -> int:
+    """KvCache::bytes_needed for n_layer layers (all by default)."""
+    layers = d.n_layer if n_layer is None else n_layer
+    row = type_info(type_k).row_bytes(d.n_embd_kv) + type_info(type_v).row_bytes(d.n_embd_kv)
+    return n_cells * layers * row
+
+
+def attention_scratch_floats(d: ModelDesc, n_cells: int) -> int:
+    n_rep = d.n_head // d.n_head_kv
+    return 2 * d.head_dim + n_rep * n_cells + n_rep * d.head_dim + 2 * n_rep
+
+
+def activation_floats(d: ModelDesc, nb: int) -> int:
+    per_token = 2 * d.n_embd + 2 * d.n_embd_q + 2 * d.n_embd_kv + 2 * d.n_ff + d.n_rot
+    return nb * per_token
+
+
+def cpu_compute_bytes(d: ModelDesc, n_ctx: int, n_batch: int, n_threads: int) -> int:
+    """Context compute_layout(...).total * sizeof(float)."""
+    nb = min(n_batch, n_ctx)
+    return 4 * (activation_floats(d, nb) + n_threads * attention_scratch_floats(d, n_ctx))
+
+
+def logits_bytes(d: ModelDesc, n_seq: int) -> int:
+    return 4 * n_seq * d.n_vocab
+
+
+# ----- the plan -----
+
+def _gpu_holds(t, n_gpu: int, all_on_gpu: bool) -> bool:
+    if t.layer is not None:
+        return t.layer < n_gpu
+    if t.role == ROLE_EMBD:
+        return False
+    if t.name == "rope_freqs.weight":
+        return n_gpu > 0
+    return all_on_gpu          # output_norm, output
+
+
+def _device(name: str) -> dict:
+    return {"device": name, "weights_by_type": {}, "weights_bytes": 0, "kv_bytes": 0,
+            "compute_bytes": 0, "logits_bytes": 0, "overhead_bytes": 0, "overhead_items": {},
+            "read_per_token_bytes": 0, "n_layers": 0}
+
+
+def _add_weight(dev: dict, t, nbytes: int | None = None) -> None:
+    b = t.nbytes if nbytes is None else nbytes
+    dev["weights_by_type"][t.type_name] = dev["weights_by_type"].get(t.type_name, 0) + b
+    dev["weights_bytes"] += b
+
+
+def _read_bytes(t) -> int:
+    """Bytes of tensor t read by one decode step (the engine reads 1-D tensors as float copies)."""
+    if t.role == ROLE_VECTOR:
+        return 4 * t.n_elements
+    if t.role == ROLE_EMBD:
+        return t.nbytes // (t.n_elements // t.n_cols)
+    return t.nbytes
+
+
+def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dict[str, dict]:
+    """Per device ("CPU", and "GPU" when --n-gpu-layers > 0): itemized bytes at context n_ctx."""
+    n_ctx = p.n_ctx if n_ctx is None else n_ctx
+    n_gpu = min(p.n_gpu_layers, d.n_layer)
+    all_on_gpu = n_gpu == d.n_layer
+    threads = resolve_threads(p.n_threads)
+    cpu = _device("CPU")
+    cpu["n_layers"] = d.n_layer - n_gpu
+    devs = {"CPU": cpu}
+    gpu = None
+    if n_gpu > 0:
+        gpu = _device("GPU")
+        gpu["n_layers"] = n_gpu
+        gpu["estimate"] = True
+        devs["GPU"] = gpu
+    for t in d.tensors:
+        dev = gpu if gpu is not None and _gpu_holds(t, n_gpu, all_on_gpu) else cpu
+        _add_weight(dev, t)
+        dev["read_per_token_bytes"] += _read_bytes(t)
+        if t.role == ROLE_VECTOR and dev is cpu:      # the engine's float32 copies at load
+            dev["overhead_items"]["1-D tensors as float32"] = (
+                dev["overhead_items"].get("1-D tensors as float32", 0) + 4 * t.n_elements)
+        if t.role == ROLE_EMBD and d.tied:
+            head = gpu if gpu is not None and all_on_gpu else cpu
+            if head is gpu:
+                _add_weight(gpu, t)   # the tied head needs its own copy on the GPU
+            head["read_per_token_bytes"] += t.nbytes
+    cpu["kv_bytes"] = kv_bytes(d, n_ctx, p.type_k, p.type_v, d.n_layer - n_gpu)
+    cpu["logits_bytes"] = logits_bytes(d, p.n_parallel)
+    nb = min(p.n_batch, n_ctx)
+    if n_gpu < d.n_layer:
+        cpu["compute_bytes"] = cpu_compute_bytes(d, n_ctx, p.n_batch, threads)
+    else:
+        cpu["compute_bytes"] = 4 * nb * d.n_embd      # embedding rows staged for upload
+    vocab_text = d.vocab_text_bytes if d.vocab_text_bytes is not None else \
+        VOCAB_TEXT_ESTIMATE * d.n_vocab
+    cpu["overhead_items"]["vocabulary (estimate)"] = vocab_text + VOCAB_ENTRY_BYTES * d.n_vocab
+    if gpu is not None:
+        gpu["kv_bytes"] = kv_bytes(d, n_ctx, p.type_k, p.type_v, n_gpu)
+        scores = 0 if p.flash_attn else d.n_head * nb * n_ctx
+        gpu["compute_bytes"] = 4 * (activation_floats(d, nb) + scores)
+        gpu["overhead_items"]["runtime allowance (estimate)"] = p.gpu_overhead
+    for dev in devs.values():
+        dev["overhead_bytes"] = sum(dev["overhead_items"].values())
+        dev["total_bytes"] = (dev["weights_bytes"] + dev["kv_bytes"] + dev["compute_bytes"]
+                              + dev["logits_bytes"] + dev["overhead_bytes"])
+    return devs
+
+
+def budget_device(p: PlanParams) -> str:
+    return "GPU" if p.n_gpu_layers > 0 else "CPU"
+
+
+def largest_context(d: ModelDesc, p: PlanParams) -> int:
+    """Largest n_ctx whose budgeted device total fits p.memory (0 when not even one cell fits)."""
+    dev = budget_device(p)
+
+    def fits(n: int) -> bool:
+        return device_budgets(d, p, n)[dev]["total_bytes"] <= p.memory
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, MAX_CTX
+    if fits(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def decode_ceiling(d: ModelDesc, p: PlanParams, n_ctx: int) -> dict | None:
+    """Tokens/s limit from bandwidth with n_ctx cells in use (None without the bandwidths)."""
+    devs = device_budgets(d, p, n_ctx)
+    if "GPU" in devs:
+        bw = {"GPU": p.bandwidth, "CPU": p.cpu_bandwidth}
+    else:
+        bw = {"CPU": p.bandwidth}
+    seconds, read = 0.0, 0
+    for name, dev in devs.items():
+        b = dev["read_per_token_bytes"] + dev["kv_bytes"]
+        if name == "CPU" and "GPU" in devs and dev["n_layers"] == 0 and not bw["CPU"]:
+            continue          # only the embedding row and the logits: negligible
+        if not bw[name]:
+            return None
+        seconds += b / bw[name]
+        read += b
+    return {"n_ctx": n_ctx, "bytes_per_step": read, "step_seconds": seconds,
+            "tokens_per_s": p.n_parallel / seconds if seconds else float("inf"),
+            "per_sequence_tokens_per_s": 1.0 / seconds if seconds else float("inf")}
+
+
+def make_plan(d: ModelDesc, p: PlanParams) -> dict:
+    """The whole report as a JSON-ready dict."""
+    check_params(d, p)
+    devs = device_budgets(d, p)
+    plan = {
+        "model": {"source": d.source, "scheme": d.scheme, "arch": d.arch, "n_layer": d.n_layer,
+                  "n_embd": d.n_embd, "n_ff": d.n_ff, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
+                  "head_dim": d.head_dim, "n_vocab": d.n_vocab, "tied_output": d.tied,
+                  "n_params": d.n_params, "weights_bytes": sum(t.nbytes for t in d.tensors),
+                  "linear_bpw": round(d.linear_bpw(), 4)},
+        "settings": {"n_ctx": p.n_ctx, "n_batch": min(p.n_batch, p.n_ctx),
+                     "n_parallel": p.n_parallel, "n_threads": resolve_threads(p.n_threads),
+                     "type_k": p.type_k.lower(), "type_v": p.type_v.lower(),
+                     "n_gpu_layers": min(p.n_gpu_layers, d.n_layer), "flash_attn": p.flash_attn},
+        "devices": devs,
+        "notes": list(d.notes),
+    }
+    if "GPU" in devs:
+        plan["notes"].append("GPU figures are estimates: this build of the engine has no CUDA "
+                             "backend and runs every layer on the CPU")
+    if p.memory is not None:
+        dev = budget_device(p)
+        total = devs[dev]["total_bytes"]
+        plan["budget"] = {"device": dev, "memory_bytes": p.memory, "fits": total <= p.memory,
+                          "free_bytes": p.memory - total, "max_ctx": largest_context(d, p)}
+    if p.bandwidth:
+        ceil = {"at_empty": decode_ceiling(d, p, min(p.n_parallel, p.n_ctx)),
+                "at_ctx": decode_ceiling(d, p, p.n_ctx)}
+        mx = plan.get("budget", {}).get("max_ctx")
+        if mx:
+            ceil["at_max_ctx"] = decode_ceiling(d, p, mx)
+        if ceil["at_ctx"] is None:
+            plan["notes"].append("no decode ceiling: layers are split between GPU and CPU; give "
+                                 "the CPU's bandwidth with --cpu-bandwidth")
+        else:
+            plan["decode_ceiling"] = ceil
+    return plan
+
+
+# ----- units -----
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str, what: str = "--memory", default_unit: str = "gib") -> int:
+    """'24GiB', '24 GB', '512MiB', '24' (default unit) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = (m.group(2).lower() if m else "") or default_unit
+    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise BonsaiError(f"{what} {text!r}: expected a positive size such as 24GiB, 24GB or "
+                          "512MiB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def parse_bandwidth(text: str, what: str = "--bandwidth") -> float:
+    """'1008GB/s', '1TB/s', '60GiB/s', '1008' (GB/s) -> bytes/s."""
+    s = str(text).strip()
+    if s.lower().endswith("/s"):
+        s = s[:-2]
+    try:
+        return float(parse_size(s, what, default_unit="gb"))
+    except BonsaiError:
+        raise BonsaiError(f"{what} {text!r}: expected a positive rate such as 1008GB/s or "
+                          "60GiB/s") from None
+
+
+def format_bytes(n: float) -> str:
+    n = float(n)
+    for u in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or u == "GiB":
+            return f"{n:.0f} {u}" if u == "B" else f"{n:.2f} {u}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def format_plan(plan: dict) -> str:
+    m, s, devs = plan["model"], plan["settings"], plan["devices"]
+    out = [f"model: {m['source']} ({m['arch']}, {m['n_layer']} layers, n_embd {m['n_embd']}, "
+           f"n_ff {m['n_ff']}, heads {m['n_head']}/{m['n_head_kv']} x {m['head_dim']}, "
+           f"vocab {m['n_vocab']}{', tied output' if m['tied_output'] else ''})",
+           f"types: {m['scheme']}; {m['n_params'] / 1e9:.2f} B parameters, "
+           f"{format_bytes(m['weights_bytes'])}, linear layers {m['linear_bpw']:.3f} bpw",
+           f"context: {s['n_ctx']} cells over {s['n_parallel']} sequence(s), batch {s['n_batch']}, "
+           f"KV {s['type_k']}/{s['type_v']}, {s['n_threads']} threads, "
+           f"{s['n_gpu_layers']} layer(s) on the GPU"
+           f"{', flash attention' if s['flash_attn'] else ''}",
+           ""]
+    names = list(devs)
+    head = ["CPU" if n == "CPU" else "GPU (estimate)" for n in names]
+    rows: list[tuple[str, list[str]]] = []
+    types = sorted({t for d in devs.values() for t in d["weights_by_type"]})
+    rows.append(("weights", [format_bytes(devs[n]["weights_bytes"]) for n in names]))
+    for t in types:
+        rows.append((f"  {t}", [format_bytes(devs[n]["weights_by_type"].get(t, 0)) for n in names]))
+    rows.append((f"KV cache ({s['type_k']}/{s['type_v']})",
+                 [format_bytes(devs[n]["kv_bytes"]) for n in names]))
+    rows.append(("compute buffers", [format_bytes(devs[n]["compute_bytes"]) for n in names]))
+    rows.append(("logits", [format_bytes(devs[n]["logits_bytes"]) for n in names]))
+    rows.append(("runtime overhead", [format_bytes(devs[n]["overhead_bytes"]) for n in names]))
+    items = sorted({k for d in devs.values() for k in d["overhead_items"]})
+    for k in items:
+        rows.append((f"  {k}", [format_bytes(devs[n]["overhead_items"].get(k, 0)) for n in names]))
+    rows.append(("total", [format_bytes(devs[n]["total_bytes"]) for n in names]))
+    w0 = max(len(r[0]) for r in rows) + 2
+    ws = [max(len(h), *(len(r[1][i]) for r in rows)) + 2 for i, h in enumerate(head)]
+    out.append(" " * w0 + "".join(h.rjust(w) for h, w in zip(head, ws)))
+    for label, vals in rows:
+        out.append(label.ljust(w0) + "".join(v.rjust(w) for v, w in zip(vals, ws)))
+    out.append("")
+    b = plan.get("budget")
+    if b:
+        verdict = (f"fits, {format_bytes(b['free_bytes'])} to spare" if b["fits"] else
+                   f"does NOT fit: {format_bytes(-b['free_bytes'])} over")
+        out.append(f"budget: {b['memory_bytes'] / 1e9:.2f} GB = {format_bytes(b['memory_bytes'])} "
+                   f"on the {b['device']}: {verdict}")
+        out.append(f"largest context that fits: {b['max_ctx']} tokens" if b["max_ctx"] else
+                   "largest context that fits: none (weights and buffers alone exceed the budget)")
+    c = plan.get("decode_ceiling")
+    if c:
+        for key, label in (("at_empty", "empty context"), ("at_ctx", f"{s['n_ctx']} tokens"),
+                           ("at_max_ctx", "the largest context")):
+            e = c.get(key)
+            if e:
+                par = (f" ({e['per_sequence_tokens_per_s']:.1f} per sequence)"
+                       if s["n_parallel"] > 1 else "")
+                out.append(f"decode ceiling at {label} ({e['n_ctx']} cells in use): "
+                           f"{e['tokens_per_s']:.1f} tokens/s{par}, "
+                           f"{format_bytes(e['bytes_per_step'])} read per step")
+    for n in plan["notes"]:
+        out.append(f"note: {n}")
+    return "\n".join(out) + "\n"
