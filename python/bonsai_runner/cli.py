@@ -16,6 +16,7 @@ COMMANDS = {
     "convert": "convert",
     "inspect": "inspect_cmd",
     "quantize": "quantize",
+    "serve": "serve",
 }
 
 
