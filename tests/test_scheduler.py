@@ -111,7 +111,7 @@ def test_prefix_shared_from_a_busy_slot(model, make, tiny):
     s = make(n_parallel=2, n_ctx_slot=2048, cache_prompt=True)
     base = PROMPTS[0]
     extended = base + " def add"
-    long_run = s.submit(greedy(model, base, max_tokens=0))  # runs until its slot context is full
+    long_run = s.submit(greedy(model, base, max_tokens=0, ignore_eos=True))  # runs until its slot context is full
     next(long_run.events(TIMEOUT))  # it is generating now
     b = s.submit(greedy(model, extended))
     text, _ = b.result(TIMEOUT)
@@ -141,17 +141,21 @@ def test_stop_string_max_tokens_and_eog(model, make, reference, eog):
     try:
         r2 = s2.submit(greedy(model, p))
         assert r2.result(TIMEOUT)[1] == "stop" and r2.completion_tokens == r.completion_tokens[:3]
+        r3 = s2.submit(greedy(model, p, ignore_eos=True))  # the EOG token is masked out of sampling
+        assert r3.result(TIMEOUT)[1] == "length" and len(r3.completion_tokens) == 24
+        assert r3.completion_tokens[:3] == r.completion_tokens[:3] and third not in r3.completion_tokens
     finally:
         s2.close()
 
 
 @engine
-def test_slot_context_limits_generation(model, make):
+def test_slot_context_limits_generation(model, make, eog):
     s = make(n_parallel=1, n_ctx_slot=32)
     prompt = toks(model, PROMPTS[0])
-    r = s.submit(GenerationRequest(prompt, max_tokens=None, temperature=0))
+    r = s.submit(GenerationRequest(prompt, max_tokens=None, temperature=0, ignore_eos=True))
     assert r.result(TIMEOUT)[1] == "length"
     assert len(r.completion_tokens) == 32 - len(prompt)
+    assert not set(r.completion_tokens) & set(eog)
     with pytest.raises(InvalidRequestError, match="slot holds 32") as e:
         s.submit(GenerationRequest(list(range(3, 40)), temperature=0))
     assert e.value.param == "prompt"
@@ -160,7 +164,7 @@ def test_slot_context_limits_generation(model, make):
 @engine
 def test_cancel_frees_slot_and_kv(model, make):
     s = make(n_parallel=1, n_ctx_slot=4096, cache_prompt=True)
-    r = s.submit(greedy(model, PROMPTS[0], max_tokens=0))
+    r = s.submit(greedy(model, PROMPTS[0], max_tokens=0, ignore_eos=True))
     waiting = s.submit(greedy(model, PROMPTS[1]))
     next(r.events(TIMEOUT))
     waiting.cancel()
@@ -178,7 +182,7 @@ def test_cancel_frees_slot_and_kv(model, make):
 @engine
 def test_bounded_queue(model, make):
     s = make(n_parallel=1, n_ctx_slot=4096, queue_limit=1)
-    running = s.submit(greedy(model, PROMPTS[0], max_tokens=0))
+    running = s.submit(greedy(model, PROMPTS[0], max_tokens=0, ignore_eos=True))
     queued = s.submit(greedy(model, PROMPTS[1]))
     with pytest.raises(QueueFullError, match="busy"):
         s.submit(greedy(model, PROMPTS[2]))

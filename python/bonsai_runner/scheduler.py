@@ -102,12 +102,12 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class GenerationRequest:
     """One generation: prompt tokens, sampling parameters and limits. Parameters are validated here
     (InvalidRequestError names the bad one). `max_tokens` None or <= 0 means "until the slot
-    context is full". `cancel()` may be called from any thread at any time."""
+    context is full"; `ignore_eos` masks the end-of-generation tokens out of sampling. `cancel()` may be called from any thread at any time."""
 
     def __init__(self, prompt_tokens: Sequence[int], *, max_tokens: Optional[int] = 16,
                  stop: Any = None, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 seed: Optional[int] = None,
+                 seed: Optional[int] = None, ignore_eos: bool = False,
                  on_event: Optional[Callable[[StreamEvent], None]] = None):
         if not isinstance(prompt_tokens, (list, tuple)) or not prompt_tokens:
             raise InvalidRequestError("the prompt is empty; give some text or token ids", "prompt")
@@ -126,6 +126,9 @@ class GenerationRequest:
         if seed is not None:
             seed = _int_param("seed", seed) & 0xFFFFFFFF
         self.seed = seed if seed is not None else random.SystemRandom().randrange(0, 0xFFFFFFFF)
+        if not isinstance(ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos must be a boolean, not {type(ignore_eos).__name__}", "ignore_eos")
+        self.ignore_eos = ignore_eos  # never sample an end-of-generation token (benchmarks, soak tests)
         self._on_event = on_event
         self._events: "queue.Queue[StreamEvent]" = queue.Queue()
         self._cancelled = threading.Event()
@@ -221,6 +224,7 @@ class Scheduler:
         self.cache_prompt = bool(cache_prompt)
         self._model = model
         self._eog = frozenset(int(i) for i in eog_ids)
+        self._eog_index = np.array(sorted(self._eog), dtype=np.int64)
         self._ctx = _core.Context(model, n_ctx=self.n_parallel * self.n_ctx_slot, n_batch=self.n_batch,
                                   n_seq_max=self.n_parallel, n_threads=_int_param("n_threads", n_threads, 0),
                                   type_k=type_k, type_v=type_v, act_mode=act_mode, flash_attn=bool(flash_attn))
@@ -455,6 +459,9 @@ class Scheduler:
 
     def _sample(self, slot: _Slot, row: np.ndarray) -> None:
         req = slot.req
+        if req.ignore_eos and self._eog_index.size:
+            row = row.copy()
+            row[self._eog_index] = -np.inf
         token = int(slot.sampler.sample(row))
         slot.sampler.accept(token)
         if req.t_first_token is None:

@@ -35,6 +35,8 @@ from .vocab_facts import adds_bos, end_of_generation_ids, token_text
 
 __all__ = ["ServingEngine", "create_app", "run_server", "main"]
 
+_DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
+
 
 class ServingEngine:
     """The model, its tokenization and chat template, and the scheduler that serves it."""
@@ -135,14 +137,19 @@ def _usage(req: GenerationRequest) -> dict:
 async def _collect(request, req: GenerationRequest, events: _EventQueue) -> tuple[str, str]:
     """Waits for a non-streamed result, cancelling the request if the client disconnects."""
     parts: list[str] = []
+    next_check = time.monotonic() + _DISCONNECT_POLL_S
     try:
         while True:
             try:
-                ev = await asyncio.wait_for(events.queue.get(), timeout=0.25)
+                ev = await asyncio.wait_for(events.queue.get(), timeout=_DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
+                ev = None
+            if time.monotonic() >= next_check:  # also while events keep coming
+                next_check = time.monotonic() + _DISCONNECT_POLL_S
                 if await request.is_disconnected():
                     req.cancel()
                     raise APIError(499, "the client closed the connection", "client_closed")
+            if ev is None:
                 continue
             if ev.finish_reason == "error":
                 raise APIError(500, ev.error or "generation failed", "server_error")

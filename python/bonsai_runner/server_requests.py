@@ -113,6 +113,7 @@ def sampling_args(body: dict, chat: bool) -> dict:
     for name, default in (("top_k", 40), ("repeat_last_n", 64)):
         v = _typed(body, name, (int,), "an integer")
         out[name] = default if v is None else v
+    out["ignore_eos"] = bool(_typed(body, "ignore_eos", (bool,), "a boolean"))
     out["seed"] = _typed(body, "seed", (int,), "an integer")
     if out["seed"] is not None and out["seed"] < 0:
         raise bad_request(f"'seed' must be >= 0, got {out['seed']}", "seed", "invalid_value")
