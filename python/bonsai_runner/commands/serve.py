@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $BONSAI_API_KEY or none)")
     p.add_argument("--chat-template", default=None,
-                   help="Jinja2 chat template: a file path or the template text (default: the file's own, else ChatML)")
+                   help="Jinja2 chat template: a file, or the template text itself (default: the model file's own, "
+                   "else ChatML)")
     p.add_argument("-t", "--threads", type=_non_negative, default=0, help="CPU threads (default: 0 = all cores)")
     p.add_argument("--cache-prompt", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV cache of shared prompt prefixes (default: on)")
@@ -68,10 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import BonsaiError
     from ..server import ServingEngine, run_server
 
     template = args.chat_template
-    if template is not None and os.path.isfile(template):
+    if template is not None and "{{" not in template and "{%" not in template:  # a path, not template text
+        if not os.path.isfile(template):
+            raise BonsaiError(f"--chat-template {template}: no such file (give a Jinja2 template file, "
+                              "or the template text itself)")
         with open(template, encoding="utf-8") as f:
             template = f.read()
     api_key = args.api_key if args.api_key is not None else os.environ.get("BONSAI_API_KEY") or None
