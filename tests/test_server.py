@@ -215,11 +215,14 @@ def test_bad_requests_are_400(server):
         c.chat.completions.create(model="x", messages=[{"content": "no role"}])
     assert e.value.body["param"] == "messages"
     for raw in (b"{not json", b"[1, 2]", b'{"prompt": 5}', b'{"prompt": "x", "max_tokens": "ten"}',
-                b'{"prompt": "x", "stream": "yes"}', b'{"max_tokens": 4}'):
+                b'{"prompt": "x", "stream": "yes"}', b'{"max_tokens": 4}', b'{"prompt": "a\\ud800b"}',
+                b'{"prompt": [1, 99999]}', b'{"prompt": ["a", "b"]}', b'{"prompt": "x", "stop": 3}'):
         status, body = server.post_raw("/v1/completions", raw)
         assert status == 400, raw
         err = json.loads(body)["error"]
         assert err["type"] == "invalid_request_error" and err["message"]
+    status, body = server.post_raw("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00"}]}')
+    assert status == 400 and json.loads(body)["error"]["param"] == "messages"
     status, body = server.post_raw("/v1/nothing", b"{}")
     assert status == 404 and "error" in json.loads(body)
     assert server.metric('bonsai_requests_finished_total{reason="error"}') == 0
@@ -294,3 +297,51 @@ def test_plain_request_disconnect_frees_slot(strict):
         assert strict.wait_metric("bonsai_slots_busy", 1) == 1
     assert strict.wait_metric('bonsai_requests_finished_total{reason="cancelled"}', cancelled + 1) == cancelled + 1
     assert strict.wait_metric("bonsai_slots_busy", 0) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@engine
+def test_bonsai_serve_command(tiny):
+    """`bonsai serve` as a subprocess: serves, answers with the key, stops cleanly on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bonsai_runner", "serve", "--model", tiny, "--port", str(port),
+                             "--parallel", "2", "--ctx-size", "128", "--threads", "2", "--api-key", KEY],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    assert json.loads(r.read())["slots_idle"] == 2
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "bonsai serve did not come up"
+                time.sleep(0.1)
+        c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+        assert c.completions.create(model="x", prompt="Hello", max_tokens=3).usage.completion_tokens <= 3
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught: exit status 0 or -SIGTERM
+    assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in err, err
+
+
+@engine
+def test_serve_command_bad_input(tmp_path):
+    from conftest import run_cli
+
+    p = run_cli("serve", "--model", str(tmp_path / "missing.gguf"), timeout=60)
+    assert p.returncode == 1 and "model file not found" in p.stderr
+    p = run_cli("serve", "--model", "m.gguf", "--parallel", "0", timeout=60)
+    assert p.returncode == 2 and "--parallel" in p.stderr

@@ -102,7 +102,8 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class GenerationRequest:
     """One generation: prompt tokens, sampling parameters and limits. Parameters are validated here
     (InvalidRequestError names the bad one). `max_tokens` None or <= 0 means "until the slot
-    context is full"; `ignore_eos` masks the end-of-generation tokens out of sampling. `cancel()` may be called from any thread at any time."""
+    context is full"; `ignore_eos` masks the end-of-generation tokens out of sampling.
+    `cancel()` may be called from any thread at any time."""
 
     def __init__(self, prompt_tokens: Sequence[int], *, max_tokens: Optional[int] = 16,
                  stop: Any = None, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,

@@ -76,7 +76,7 @@ class ServingEngine:
         """Tokens and text of a completion prompt (text: BOS as the vocabulary asks, special-token
         text parsed, as Llama does; token ids are taken as they are)."""
         if isinstance(prompt, str):
-            return list(self._model.tokenize(prompt.encode("utf-8"), add_special=True, parse_special=True)), prompt
+            return list(self._model.tokenize(_utf8(prompt, "prompt"), add_special=True, parse_special=True)), prompt
         bad = next((t for t in prompt if not 0 <= t < self.n_vocab), None)
         if bad is not None:
             raise bad_request(f"invalid token id {bad} in the prompt: ids must be in [0, {self.n_vocab})",
@@ -88,7 +88,7 @@ class ServingEngine:
             text = self.chat.render(messages, add_generation_prompt=True, tools=tools)
         except BonsaiError as e:
             raise bad_request(str(e), "messages", "invalid_value") from None
-        tokens = list(self._model.tokenize(text.encode("utf-8"), add_special=False, parse_special=True))
+        tokens = list(self._model.tokenize(_utf8(text, "messages"), add_special=False, parse_special=True))
         if self._add_bos and tokens[:1] != [self._bos]:
             tokens.insert(0, self._bos)
         if not tokens:
@@ -102,6 +102,14 @@ class ServingEngine:
             raise from_invalid(e) from None
         except QueueFullError as e:
             raise APIError(429, str(e), "rate_limit_exceeded", None, "queue_full") from None
+
+
+def _utf8(text: str, param: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"'{param}' is not valid Unicode (it holds an unpaired surrogate escape such as "
+                          "\\ud800); send UTF-8 text", param, "invalid_value") from None
 
 
 class _EventQueue:
@@ -181,8 +189,9 @@ def _metrics_text(engine: ServingEngine) -> str:
     s = engine.scheduler.stats()
     lines: list[str] = []
 
-    def metric(name: str, kind: str, help_: str, value, labels: str = "") -> None:
-        lines.extend([f"# HELP bonsai_{name} {help_}", f"# TYPE bonsai_{name} {kind}", f"bonsai_{name}{labels} {value}"])
+    def metric(name: str, kind: str, help_: str, value) -> None:
+        lines.extend([f"# HELP bonsai_{name} {help_}", f"# TYPE bonsai_{name} {kind}",
+                      f"bonsai_{name} {value}"])
 
     metric("requests_total", "counter", "Requests accepted by the scheduler.", s["requests_total"])
     metric("requests_rejected_total", "counter", "Requests refused because the queue was full.",
@@ -228,6 +237,11 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None):
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc):
         return JSONResponse(bad_request(f"invalid request: {exc.errors()}").body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc):
+        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
+                            status_code=500)
 
     def check_key(request: Request) -> None:
         if api_key is None:
