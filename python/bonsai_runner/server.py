@@ -52,11 +52,22 @@ class ServingEngine:
         self.model_id = model_alias or os.path.basename(model_path)
         self.created = int(time.time())
         self._model = _core.Model(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        try:
+            self._setup(_core, chat_template, n_parallel=n_parallel, n_ctx_slot=n_ctx_slot, n_batch=n_batch,
+                        n_threads=n_threads, cache_prompt=cache_prompt, queue_limit=queue_limit, type_k=type_k,
+                        type_v=type_v, flash_attn=flash_attn)
+        except BaseException:
+            self._model.close()
+            raise
+
+    def _setup(self, _core, chat_template: Optional[str], **scheduler_args) -> None:
         self.metadata = dict(self._model.metadata)
         self.n_vocab = int(self._model.n_vocab)
         self._add_bos = adds_bos(self._model)
         self._bos = int(self._model.bos)
-        piece = lambda t: bytes(self._model.token_to_piece(int(t)))  # noqa: E731
+        def piece(t: int) -> bytes:
+            return bytes(self._model.token_to_piece(int(t)))
+
         bos_text = token_text(self.metadata, self._bos, piece)
         eos_text = token_text(self.metadata, int(self._model.eos), piece)
         if chat_template:
@@ -64,9 +75,7 @@ class ServingEngine:
         else:
             self.chat = ChatTemplate.from_metadata(self.metadata, bos_token=bos_text, eos_token=eos_text)
         eog = end_of_generation_ids(_core, self._model, self.metadata, self.n_vocab, False)
-        self.scheduler = Scheduler(self._model, eog_ids=eog, n_parallel=n_parallel, n_ctx_slot=n_ctx_slot,
-                                   n_batch=n_batch, n_threads=n_threads, cache_prompt=cache_prompt,
-                                   queue_limit=queue_limit, type_k=type_k, type_v=type_v, flash_attn=flash_attn)
+        self.scheduler = Scheduler(self._model, eog_ids=eog, **scheduler_args)
 
     def close(self) -> None:
         self.scheduler.close()

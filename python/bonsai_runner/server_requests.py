@@ -117,6 +117,12 @@ def sampling_args(body: dict, chat: bool) -> dict:
     out["seed"] = _typed(body, "seed", (int,), "an integer")
     if out["seed"] is not None and out["seed"] < 0:
         raise bad_request(f"'seed' must be >= 0, got {out['seed']}", "seed", "invalid_value")
+    if body.get("logit_bias"):
+        raise bad_request("logit_bias is not supported by this server; omit it", "logit_bias", "unsupported_value")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type", "text") == "text"):
+        raise bad_request("only response_format {\"type\": \"text\"} is supported (no JSON mode or schemas)",
+                          "response_format", "unsupported_value")
     for name in ("frequency_penalty", "presence_penalty"):
         v = _typed(body, name, (int, float), "a number")
         if v:
