@@ -138,7 +138,8 @@ def test_models_health_metrics(server):
     assert status == 200 and json.loads(body)["status"] == "ok" and json.loads(body)["slots_idle"] == 8
     _, text = server.get("/metrics")
     for name in ("bonsai_requests_total", "bonsai_generated_tokens_total", "bonsai_queue_depth",
-                 "bonsai_slots_busy", "bonsai_generated_tokens_per_second", 'reason="cancelled"'):
+                 "bonsai_slots_busy", "bonsai_generated_tokens_per_second", 'reason="cancelled"',
+                 "bonsai_time_to_first_token_seconds_count"):
         assert name in text
     assert server.metric("bonsai_slots_total") == 8
 
@@ -151,6 +152,7 @@ def test_completion_plain_and_streamed(server, llama):
     assert r.choices[0].text == _ref(llama, p) and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens == len(llama.tokenize(p.encode()))
     before = server.metric("bonsai_generated_tokens_total")
+    firsts = server.metric("bonsai_time_to_first_token_seconds_count")
     parts, reasons = [], []
     for chunk in c.completions.create(model="x", prompt=p, max_tokens=24, temperature=0, stream=True):
         parts.append(chunk.choices[0].text)
@@ -158,6 +160,7 @@ def test_completion_plain_and_streamed(server, llama):
     assert "".join(parts) == r.choices[0].text
     assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
     assert server.metric("bonsai_generated_tokens_total") == before + 24
+    assert server.metric("bonsai_time_to_first_token_seconds_count") == firsts + 1
     status, raw = server.post_raw("/v1/completions", json.dumps(
         {"prompt": p, "max_tokens": 3, "temperature": 0, "stream": True}).encode())
     assert status == 200 and raw.rstrip().endswith("data: [DONE]")

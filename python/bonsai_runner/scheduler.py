@@ -238,7 +238,7 @@ class Scheduler:
         self._n_admitted = 0
         self._metrics = {"requests_total": 0, "requests_rejected_total": 0, "prompt_tokens_total": 0,
                          "prompt_tokens_reused_total": 0, "generated_tokens_total": 0, "decode_steps_total": 0,
-                         "busy_seconds_total": 0.0}
+                         "busy_seconds_total": 0.0, "first_token_seconds_sum": 0.0, "first_token_count": 0}
         self._finished = collections.Counter()
         self._thread = threading.Thread(target=self._run, name="bonsai-scheduler", daemon=True)
         self._thread.start()
@@ -467,6 +467,8 @@ class Scheduler:
         slot.sampler.accept(token)
         if req.t_first_token is None:
             req.t_first_token = time.perf_counter()
+            self._metrics["first_token_seconds_sum"] += req.t_first_token - req.t_submit
+            self._metrics["first_token_count"] += 1
         if token in self._eog:
             self._end(slot, StreamEvent(finish_reason="stop"))
             return

@@ -214,6 +214,10 @@ def _metrics_text(engine: ServingEngine) -> str:
            s["prompt_tokens_reused_total"])
     metric("generated_tokens_total", "counter", "Completion tokens generated.", s["generated_tokens_total"])
     metric("decode_steps_total", "counter", "Engine steps (one batched decode each).", s["decode_steps_total"])
+    lines += ["# HELP bonsai_time_to_first_token_seconds From submission to the first sampled token.",
+              "# TYPE bonsai_time_to_first_token_seconds summary",
+              f"bonsai_time_to_first_token_seconds_sum {s['first_token_seconds_sum']:.6f}",
+              f"bonsai_time_to_first_token_seconds_count {s['first_token_count']}"]
     metric("queue_depth", "gauge", "Requests waiting for a slot.", s["queue_depth"])
     metric("slots_busy", "gauge", "Slots serving a request.", s["slots_busy"])
     metric("slots_total", "gauge", "Slots (--parallel).", s["slots_total"])
