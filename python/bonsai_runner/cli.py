@@ -18,6 +18,7 @@ COMMANDS = {
     "inspect": "inspect_cmd",
     "plan": "plan",
     "quantize": "quantize",
+    "serve": "serve",
 }
 
 

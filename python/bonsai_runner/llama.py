@@ -30,6 +30,7 @@ from . import completion_format as fmt
 from .chat_template import ChatTemplate
 from .errors import BonsaiError
 from .text_stream import TextStream, normalize_stop
+from .vocab_facts import adds_bos, end_of_generation_ids, token_text
 
 try:
     from . import _core
@@ -41,9 +42,6 @@ __all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # "pick a random seed", as in llama.cpp
 CACHE_TYPES = ("f16", "q8_0")
 ACT_MODES = ("int8", "float")
-_TOKEN_TYPE_CONTROL = 3  # tokenizer.ggml.token_type value of control tokens
-_END_OF_TURN_NAMES = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
-                                "<end_of_turn>", "<|end_of_text|>", "</s>"})
 
 
 def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
@@ -130,10 +128,8 @@ class Llama:
         self._generation = 0  # bumped by every call that changes the cache; see generate()
         self._pieces: dict[int, bytes] = {}
         self._eog = self._end_of_generation_ids()
-        probe_with = self._model.tokenize(b"a", add_special=True, parse_special=False)
-        probe_without = self._model.tokenize(b"a", add_special=False, parse_special=False)
         bos = self.token_bos()
-        self._add_bos = bos >= 0 and probe_with[:1] == [bos] and probe_without[:1] != [bos]
+        self._add_bos = adds_bos(self._model)
         self._chat = ChatTemplate(chat_template, bos_token=self._token_text(bos),
                                   eos_token=self._token_text(self.token_eos())) if chat_template \
             else ChatTemplate.from_metadata(self.metadata, bos_token=self._token_text(bos),
@@ -195,37 +191,11 @@ class Llama:
         return self.scores[: self.n_tokens, :]
 
     def _end_of_generation_ids(self) -> frozenset:
-        """EOS, the file's end-of-turn ids, and control tokens written as a known end-of-turn marker
-        (e.g. Qwen's <|endoftext|> next to its EOS <|im_end|>), as llama.cpp's vocabulary marks them."""
-        ids = {int(self._model.eos)}
-        vocab_cls = getattr(_core, "Vocab", None)
-        if vocab_cls is not None and not self._tokenizer_override:
-            # the engine's tokenizer applies llama.cpp's rules (eos/eot/eom and end-of-turn texts)
-            try:
-                vocab = vocab_cls({k: v for k, v in self.metadata.items() if k.startswith("tokenizer.")})
-                return frozenset(int(i) for i in vocab.eog_ids) | ids
-            except ValueError:
-                pass
-        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            v = self.metadata.get(key)
-            if isinstance(v, (int, np.integer)):
-                ids.add(int(v))
-        names = self.metadata.get("tokenizer.ggml.tokens")
-        types = self.metadata.get("tokenizer.ggml.token_type")
-        if isinstance(names, (list, tuple)) and isinstance(types, (list, tuple)) and len(names) == len(types):
-            for i, (name, kind) in enumerate(zip(names, types)):
-                if kind == _TOKEN_TYPE_CONTROL and name in _END_OF_TURN_NAMES:
-                    ids.add(i)
-        return frozenset(i for i in ids if 0 <= i < self._n_vocab)
+        return end_of_generation_ids(_core, self._model, self.metadata, self._n_vocab, self._tokenizer_override)
 
     def _token_text(self, token: int) -> str:
         """The written form of a (special) token, as chat templates expect for bos/eos_token."""
-        if token < 0:
-            return ""
-        names = self.metadata.get("tokenizer.ggml.tokens")
-        if isinstance(names, (list, tuple)) and token < len(names) and isinstance(names[token], str):
-            return names[token]
-        return self._piece(token).decode("utf-8", errors="ignore")
+        return token_text(self.metadata, token, self._piece)
 
     def _piece(self, token: int) -> bytes:
         p = self._pieces.get(token)

@@ -1,0 +1,504 @@
+"""The serving engine: continuous batching of many generation requests over one `_core.Context`.
+
+The context is created with `n_parallel` sequence ids (the *slots*) and `n_parallel * n_ctx_slot`
+KV cells, so every slot can always hold `n_ctx_slot` tokens. A background thread runs steps; each
+step is ONE `Context.decode` call whose batch holds, in this order:
+
+1. the newest sampled token of every slot that is generating (one token each), then
+2. prefill chunks of slots still evaluating their prompt, oldest first, until the batch holds
+   `n_batch` tokens (a long prompt is spread over several steps, so running sequences keep
+   producing a token every step while it is evaluated).
+
+Logits are flagged only for the tokens that need sampling: every generating token and the last
+prompt token of a slot whose prefill completes in this step. A request joins a free slot at the
+next step after it arrives and leaves at the step it finishes (EOG, a stop string, max_tokens, the
+slot context full, or cancellation), so the batch changes from step to step. `decode` releases the
+GIL, so the HTTP server's event loop keeps running during a step.
+
+Per-slot state: `cached` lists the tokens whose KV sits in the slot's sequence, at positions
+0..len(cached)-1, always exactly. Prompt-prefix reuse (`cache_prompt`): a finished request leaves
+its KV in its slot; a newcomer takes the free slot whose cached tokens share the longest prefix
+with its prompt and drops the rest (`seq_rm`); when another slot (running or idle) shares a longer
+prefix, those cells are shared into the chosen slot with `seq_cp` (no K/V bytes copied). At least
+the last prompt token is always evaluated, so there are fresh logits to sample from. The cached
+KV of a token depends only on the tokens before it, so greedy output is identical with and without
+reuse. Without `cache_prompt`, and always on cancellation, a slot's KV is removed at once.
+
+Each request has its own `_core.Sampler` (its own seed and parameters) and its own `TextStream`,
+which holds back partial UTF-8 characters and possible stop-string prefixes. Results come back as
+`StreamEvent`s through the request's `on_event` callback (called on the scheduler thread; it must
+not block) or, without one, through `GenerationRequest.events()`.
+
+Admission is bounded: at most `n_parallel + queue_limit` requests are running or waiting; a
+further `submit` raises `QueueFullError`.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from .errors import BonsaiError
+from .text_stream import TextStream, normalize_stop
+
+__all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "InvalidRequestError", "QueueFullError"]
+
+
+class InvalidRequestError(BonsaiError):
+    """A request parameter is wrong; `param` names it (None when it is not one parameter)."""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
+
+
+class QueueFullError(BonsaiError):
+    """The scheduler already holds its maximum number of running and waiting requests."""
+
+
+@dataclass
+class StreamEvent:
+    """Text produced by a request (`text`, possibly "") or its end (`finish_reason` set: "stop",
+    "length", "cancelled" or "error", with `error` the message of the latter)."""
+
+    text: str = ""
+    finish_reason: Optional[str] = None
+    error: Optional[str] = None
+
+
+def _int_param(name: str, value: Any, minimum: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidRequestError(f"{name} must be an integer, not {type(value).__name__} ({value!r})", name)
+    if minimum is not None and value < minimum:
+        raise InvalidRequestError(f"{name} must be >= {minimum}, got {value}", name)
+    return int(value)
+
+
+def _float_param(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidRequestError(f"{name} must be a number, not {type(value).__name__} ({value!r})", name)
+    v = float(value)
+    if not (lo < v if lo_open else lo <= v) or not v <= hi:
+        raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}", name)
+    return v
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class GenerationRequest:
+    """One generation: prompt tokens, sampling parameters and limits. Parameters are validated here
+    (InvalidRequestError names the bad one). `max_tokens` None or <= 0 means "until the slot
+    context is full"; `ignore_eos` masks the end-of-generation tokens out of sampling.
+    `cancel()` may be called from any thread at any time."""
+
+    def __init__(self, prompt_tokens: Sequence[int], *, max_tokens: Optional[int] = 16,
+                 stop: Any = None, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 seed: Optional[int] = None, ignore_eos: bool = False,
+                 on_event: Optional[Callable[[StreamEvent], None]] = None):
+        if not isinstance(prompt_tokens, (list, tuple)) or not prompt_tokens:
+            raise InvalidRequestError("the prompt is empty; give some text or token ids", "prompt")
+        self.prompt_tokens = [int(t) for t in prompt_tokens]
+        self.max_tokens = None if max_tokens is None else _int_param("max_tokens", max_tokens)
+        try:
+            self.stop = normalize_stop(stop)
+        except BonsaiError as e:
+            raise InvalidRequestError(str(e), "stop") from None
+        self.temperature = _float_param("temperature", temperature, 0.0, 100.0)
+        self.top_k = _int_param("top_k", top_k, 0)
+        self.top_p = _float_param("top_p", top_p, 0.0, 1.0, lo_open=True)
+        self.min_p = _float_param("min_p", min_p, 0.0, 1.0)
+        self.repeat_penalty = _float_param("repeat_penalty", repeat_penalty, 0.0, 100.0, lo_open=True)
+        self.repeat_last_n = _int_param("repeat_last_n", repeat_last_n, 0)
+        if seed is not None:
+            seed = _int_param("seed", seed) & 0xFFFFFFFF
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(0, 0xFFFFFFFF)
+        if not isinstance(ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos must be a boolean, not {type(ignore_eos).__name__}", "ignore_eos")
+        self.ignore_eos = ignore_eos  # never sample an end-of-generation token (benchmarks, soak tests)
+        self._on_event = on_event
+        self._events: "queue.Queue[StreamEvent]" = queue.Queue()
+        self._cancelled = threading.Event()
+        self._done = threading.Event()
+        self.finish_reason: Optional[str] = None
+        self.completion_tokens: list[int] = []
+        self.n_reused = 0  # prompt tokens whose KV came from the prefix cache
+        self.t_submit = 0.0
+        self.t_first_token: Optional[float] = None
+        self._scheduler: Optional["Scheduler"] = None
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Asks the scheduler to drop this request; its slot and KV are freed before the next step."""
+        self._cancelled.set()
+        if self._scheduler is not None:
+            self._scheduler._wake()
+
+    def _emit(self, ev: StreamEvent) -> None:
+        if ev.finish_reason is not None:
+            self.finish_reason = ev.finish_reason
+        if self._on_event is not None:
+            self._on_event(ev)
+        else:
+            self._events.put(ev)
+        if ev.finish_reason is not None:
+            self._done.set()
+
+    def events(self, timeout: Optional[float] = None) -> Iterator[StreamEvent]:
+        """The events of a request submitted without `on_event`, up to and including the last one.
+        Raises queue.Empty when none arrives within `timeout` seconds."""
+        while True:
+            ev = self._events.get(timeout=timeout)
+            yield ev
+            if ev.finish_reason is not None:
+                return
+
+    def result(self, timeout: Optional[float] = None) -> tuple[str, str]:
+        """Waits for the end; returns (text, finish_reason). Raises BonsaiError on an engine error."""
+        parts = []
+        for ev in self.events(timeout):
+            parts.append(ev.text)
+            if ev.finish_reason == "error":
+                raise BonsaiError(ev.error or "generation failed")
+        return "".join(parts), self.finish_reason or ""
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._done.wait(timeout)
+
+
+class _Slot:
+    """One sequence id of the context and the request it serves."""
+
+    def __init__(self, seq: int):
+        self.seq = seq
+        self.cached: list[int] = []  # tokens whose KV is in sequence `seq`, positions 0..len-1
+        self.req: Optional[GenerationRequest] = None
+        self.pending: list[int] = []  # prompt tokens still to evaluate
+        self.next_token: Optional[int] = None  # sampled, to be evaluated in the next step
+        self.sampler = None
+        self.stream: Optional[TextStream] = None
+        self.max_tokens = 0
+        self.last_used = 0.0
+        self.admitted = 0  # admission order (prefill fairness)
+
+
+class Scheduler:
+    """Continuous-batching scheduler; see the module docstring. `model` is a `_core.Model`;
+    `eog_ids` the ids that end a generation (see vocab_facts.end_of_generation_ids)."""
+
+    def __init__(self, model: Any, *, eog_ids: Sequence[int], n_parallel: int = 1, n_ctx_slot: int = 2048,
+                 n_batch: int = 512, n_threads: int = 0, cache_prompt: bool = True, queue_limit: int = 64,
+                 type_k: str = "f16", type_v: str = "f16", act_mode: str = "int8", flash_attn: bool = False):
+        from . import _core
+
+        self.n_parallel = _int_param("n_parallel", n_parallel, 1)
+        if self.n_parallel > 64:
+            raise BonsaiError(f"--parallel {n_parallel} is too many: the KV cache tags at most 64 sequences")
+        self.n_ctx_slot = _int_param("n_ctx_slot", n_ctx_slot, 2)
+        self.n_batch = max(_int_param("n_batch", n_batch, 1), self.n_parallel)
+        self.queue_limit = _int_param("queue_limit", queue_limit, 0)
+        self.cache_prompt = bool(cache_prompt)
+        self._model = model
+        self._eog = frozenset(int(i) for i in eog_ids)
+        self._eog_index = np.array(sorted(self._eog), dtype=np.int64)
+        self._ctx = _core.Context(model, n_ctx=self.n_parallel * self.n_ctx_slot, n_batch=self.n_batch,
+                                  n_seq_max=self.n_parallel, n_threads=_int_param("n_threads", n_threads, 0),
+                                  type_k=type_k, type_v=type_v, act_mode=act_mode, flash_attn=bool(flash_attn))
+        self._core = _core
+        self._slots = [_Slot(i) for i in range(self.n_parallel)]
+        self._waiting: collections.deque[GenerationRequest] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._pieces: dict[int, bytes] = {}
+        self._n_admitted = 0
+        self._metrics = {"requests_total": 0, "requests_rejected_total": 0, "prompt_tokens_total": 0,
+                         "prompt_tokens_reused_total": 0, "generated_tokens_total": 0, "decode_steps_total": 0,
+                         "busy_seconds_total": 0.0, "first_token_seconds_sum": 0.0, "first_token_count": 0}
+        self._finished = collections.Counter()
+        self._thread = threading.Thread(target=self._run, name="bonsai-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def submit(self, req: GenerationRequest) -> GenerationRequest:
+        """Queues `req`; raises QueueFullError when full, InvalidRequestError when the prompt does
+        not fit a slot, BonsaiError when the scheduler is closed."""
+        if req.n_prompt >= self.n_ctx_slot:
+            raise InvalidRequestError(
+                f"the prompt has {req.n_prompt} tokens but a slot holds {self.n_ctx_slot} (prompt + completion); "
+                "shorten the prompt or start the server with a larger --ctx-size", "prompt")
+        n_vocab = int(self._model.n_vocab)
+        bad = next((t for t in req.prompt_tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"invalid token id {bad}: ids must be in [0, {n_vocab})", "prompt")
+        with self._cond:
+            if self._closed:
+                raise BonsaiError("the scheduler is closed")
+            running = sum(s.req is not None for s in self._slots)
+            if running + len(self._waiting) >= self.n_parallel + self.queue_limit:
+                self._metrics["requests_rejected_total"] += 1
+                raise QueueFullError(f"the server is busy: {running} requests running and {len(self._waiting)} "
+                                     f"waiting (--parallel {self.n_parallel}, --queue-limit {self.queue_limit}); "
+                                     "retry later")
+            req._scheduler = self
+            req.t_submit = time.perf_counter()
+            self._waiting.append(req)
+            self._metrics["requests_total"] += 1
+            self._cond.notify_all()
+        return req
+
+    def close(self) -> None:
+        """Stops the thread, ends every request with an error event and frees the context."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        for slot in self._slots:
+            if slot.req is not None:
+                self._end(slot, StreamEvent(finish_reason="error", error="the server is shutting down"))
+        while self._waiting:
+            self._waiting.popleft()._emit(StreamEvent(finish_reason="error", error="the server is shutting down"))
+        self._ctx.close()
+
+    def __enter__(self) -> "Scheduler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def stats(self) -> dict:
+        """Counters and gauges for /metrics (a consistent snapshot)."""
+        with self._cond:
+            out = dict(self._metrics)
+            out["queue_depth"] = len(self._waiting)
+            out["slots_busy"] = sum(s.req is not None for s in self._slots)
+            out["slots_total"] = self.n_parallel
+            out["cached_tokens"] = sum(len(s.cached) for s in self._slots)
+            out["finished"] = dict(self._finished)
+        busy = out["busy_seconds_total"]
+        out["generated_tokens_per_second"] = out["generated_tokens_total"] / busy if busy > 0 else 0.0
+        return out
+
+    def slot_tokens(self) -> list[list[int]]:
+        """The cached tokens of each slot (for tests and diagnostics)."""
+        with self._cond:
+            return [list(s.cached) for s in self._slots]
+
+    # ---- scheduler thread -------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    self._drop_cancelled()
+                    self._admit()
+                    if any(s.req is not None for s in self._slots):
+                        break
+                    self._cond.wait()
+            t0 = time.perf_counter()
+            try:
+                self._step()
+            except Exception as e:  # an engine failure ends the requests of this batch, not the server
+                with self._cond:
+                    for slot in self._slots:
+                        if slot.req is not None:
+                            self._end(slot, StreamEvent(finish_reason="error", error=f"generation failed: {e}"))
+                            self._forget(slot)
+            with self._cond:
+                self._metrics["busy_seconds_total"] += time.perf_counter() - t0
+
+    def _drop_cancelled(self) -> None:
+        for slot in self._slots:
+            if slot.req is not None and slot.req.cancelled:
+                self._end(slot, StreamEvent(finish_reason="cancelled"))
+                self._forget(slot)
+        if any(r.cancelled for r in self._waiting):
+            keep = collections.deque()
+            for r in self._waiting:
+                if r.cancelled:
+                    self._finished["cancelled"] += 1
+                    r._emit(StreamEvent(finish_reason="cancelled"))
+                else:
+                    keep.append(r)
+            self._waiting = keep
+
+    def _forget(self, slot: _Slot) -> None:
+        self._ctx.seq_rm(slot.seq, -1, -1)
+        slot.cached = []
+
+    def _admit(self) -> None:
+        while self._waiting:
+            free = [s for s in self._slots if s.req is None]
+            if not free:
+                return
+            req = self._waiting.popleft()
+            self._place(req, free)
+
+    def _place(self, req: GenerationRequest, free: list[_Slot]) -> None:
+        prompt = req.prompt_tokens
+        limit = len(prompt) - 1  # the last prompt token is always evaluated (fresh logits)
+        if self.cache_prompt:
+            own = [(min(_common_prefix(s.cached, prompt), limit), -s.last_used, s) for s in free]
+            n_own, _, slot = max(own, key=lambda t: (t[0], t[1]))
+            if n_own == 0:  # nothing to reuse here: take the free slot holding the least cache
+                slot = min(free, key=lambda s: (len(s.cached), s.last_used))
+            donors = [(min(_common_prefix(s.cached, prompt), limit), s) for s in self._slots if s is not slot]
+            n_donor, donor = max(donors, key=lambda t: t[0], default=(0, None))
+            if donor is not None and n_donor > n_own:
+                self._ctx.seq_rm(slot.seq, -1, -1)
+                self._ctx.seq_cp(donor.seq, slot.seq, 0, n_donor)
+                slot.cached = donor.cached[:n_donor]
+            else:
+                self._ctx.seq_rm(slot.seq, n_own, -1)
+                slot.cached = slot.cached[:n_own]
+        else:
+            slot = free[0]
+            self._forget(slot)
+        n_reused = len(slot.cached)
+        req.n_reused = n_reused
+        slot.req = req
+        slot.pending = prompt[n_reused:]
+        slot.next_token = None
+        slot.sampler = self._core.Sampler(temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                                          min_p=req.min_p, repeat_penalty=req.repeat_penalty,
+                                          repeat_last_n=req.repeat_last_n, seed=req.seed)
+        if req.repeat_last_n > 0:
+            for t in prompt[-req.repeat_last_n:]:
+                slot.sampler.accept(t)
+        slot.stream = TextStream(req.stop)
+        room = self.n_ctx_slot - len(prompt)
+        slot.max_tokens = room if req.max_tokens is None or req.max_tokens <= 0 else min(req.max_tokens, room)
+        self._n_admitted += 1
+        slot.admitted = self._n_admitted
+        self._metrics["prompt_tokens_total"] += len(prompt)
+        self._metrics["prompt_tokens_reused_total"] += n_reused
+
+    def _step(self) -> None:
+        """Builds and runs one batch, then samples; see the module docstring for the batch layout."""
+        tokens: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        want: list[int] = []
+        plan: list[tuple[_Slot, int, bool]] = []  # (slot, tokens added, has an output row)
+        with self._cond:
+            active = [s for s in self._slots if s.req is not None]
+        for slot in active:
+            if slot.next_token is not None:
+                tokens.append(slot.next_token)
+                pos.append(len(slot.cached))
+                seqs.append(slot.seq)
+                want.append(1)
+                plan.append((slot, 1, True))
+        budget = self.n_batch - len(tokens)
+        for slot in sorted((s for s in active if s.pending), key=lambda s: s.admitted):
+            if budget <= 0:
+                break
+            chunk = slot.pending[:budget]
+            budget -= len(chunk)
+            last = len(chunk) == len(slot.pending)
+            p0 = len(slot.cached)
+            tokens.extend(chunk)
+            pos.extend(range(p0, p0 + len(chunk)))
+            seqs.extend([slot.seq] * len(chunk))
+            want.extend([0] * (len(chunk) - 1) + [1 if last else 0])
+            plan.append((slot, len(chunk), last))
+        logits = self._ctx.decode(tokens, pos=pos, seq_ids=seqs, logits=want)
+        row = 0
+        at = 0
+        with self._cond:
+            self._metrics["decode_steps_total"] += 1
+            for slot, n, has_row in plan:
+                evaluated = tokens[at: at + n]
+                at += n
+                slot.cached.extend(evaluated)
+                if slot.pending:
+                    slot.pending = slot.pending[n:]
+                else:
+                    slot.next_token = None
+                if has_row:
+                    self._sample(slot, logits[row])
+                    row += 1
+
+    def _piece(self, token: int) -> bytes:
+        p = self._pieces.get(token)
+        if p is None:
+            p = self._pieces[token] = bytes(self._model.token_to_piece(int(token)))
+        return p
+
+    def _sample(self, slot: _Slot, row: np.ndarray) -> None:
+        req = slot.req
+        if req.ignore_eos and self._eog_index.size:
+            row = row.copy()
+            row[self._eog_index] = -np.inf
+        token = int(slot.sampler.sample(row))
+        slot.sampler.accept(token)
+        if req.t_first_token is None:
+            req.t_first_token = time.perf_counter()
+            self._metrics["first_token_seconds_sum"] += req.t_first_token - req.t_submit
+            self._metrics["first_token_count"] += 1
+        if token in self._eog:
+            self._end(slot, StreamEvent(finish_reason="stop"))
+            return
+        req.completion_tokens.append(token)
+        self._metrics["generated_tokens_total"] += 1
+        text = slot.stream.push(self._piece(token))
+        if text:
+            req._emit(StreamEvent(text=text))
+        if slot.stream.stopped:
+            self._end(slot, StreamEvent(finish_reason="stop"))
+        elif len(req.completion_tokens) >= slot.max_tokens:
+            self._end(slot, StreamEvent(finish_reason="length"))
+        else:
+            slot.next_token = token
+
+    def _end(self, slot: _Slot, final: StreamEvent) -> None:
+        """Finishes the slot's request: releases held-back text, then the final event. The slot's
+        KV stays for prefix reuse when cache_prompt is on (cancellation removes it: _forget)."""
+        req = slot.req
+        if final.finish_reason in ("stop", "length") and slot.stream is not None:
+            tail = slot.stream.finish()
+            if tail:
+                req._emit(StreamEvent(text=tail))
+        slot.req = None
+        slot.pending = []
+        slot.next_token = None
+        slot.sampler = None
+        slot.stream = None
+        slot.last_used = time.perf_counter()
+        self._finished[final.finish_reason] += 1
+        if not self.cache_prompt:
+            self._forget(slot)
+        req._emit(final)

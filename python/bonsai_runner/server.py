@@ -1,0 +1,400 @@
+"""OpenAI-compatible HTTP server over the continuous-batching scheduler (FastAPI + uvicorn).
+
+Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events ending with
+`data: [DONE]` when "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus text).
+
+One `ServingEngine` owns the model and the `Scheduler`; the scheduler thread calls each request's
+event callback, which hands the event to the asyncio loop (`call_soon_threadsafe`), so handlers
+only await queues and never block the loop. A client that goes away cancels its request: a
+streaming response is cancelled by Starlette when the connection closes (the generator's `finally`
+cancels the request), a non-streaming one polls `is_disconnected()` while it waits. Cancellation
+frees the slot and its KV cache before the next engine step.
+
+Every failure answers with an OpenAI-style error body (server_requests.APIError): malformed JSON,
+wrong field types, unsupported options and prompts longer than a slot are 400, a wrong or missing
+API key 401, a full queue 429, unknown routes 404. Response bodies are completion_format's shapes.
+
+`python -m bonsai_runner.server --model m.gguf` and `bonsai serve --model m.gguf` take the options
+of commands/serve.py.
+"""
+# No `from __future__ import annotations` here: FastAPI reads the handlers' annotations at runtime.
+
+import asyncio
+import json
+import os
+import time
+from typing import Any, AsyncIterator, Optional
+
+from . import completion_format as fmt
+from .chat_template import ChatTemplate
+from .errors import BonsaiError
+from .scheduler import GenerationRequest, InvalidRequestError, QueueFullError, Scheduler, StreamEvent
+from .server_requests import (APIError, bad_request, completion_prompt, from_invalid, parse_json_body,
+                              sampling_args, stream_flags)
+from .vocab_facts import adds_bos, end_of_generation_ids, token_text
+
+__all__ = ["ServingEngine", "create_app", "run_server", "main"]
+
+_DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
+
+
+class ServingEngine:
+    """The model, its tokenization and chat template, and the scheduler that serves it."""
+
+    def __init__(self, model_path: str, *, n_parallel: int = 4, n_ctx_slot: int = 2048, n_batch: int = 512,
+                 n_threads: int = 0, cache_prompt: bool = True, queue_limit: int = 64,
+                 chat_template: Optional[str] = None, model_alias: Optional[str] = None, n_gpu_layers: int = 0,
+                 type_k: str = "f16", type_v: str = "f16", flash_attn: bool = False, verbose: bool = False):
+        from . import _core
+
+        if not os.path.isfile(model_path):
+            raise BonsaiError(f"model file not found: {model_path}")
+        self.model_id = model_alias or os.path.basename(model_path)
+        self.created = int(time.time())
+        self._model = _core.Model(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        try:
+            self._setup(_core, chat_template, n_parallel=n_parallel, n_ctx_slot=n_ctx_slot, n_batch=n_batch,
+                        n_threads=n_threads, cache_prompt=cache_prompt, queue_limit=queue_limit, type_k=type_k,
+                        type_v=type_v, flash_attn=flash_attn)
+        except BaseException:
+            self._model.close()
+            raise
+
+    def _setup(self, _core, chat_template: Optional[str], **scheduler_args) -> None:
+        self.metadata = dict(self._model.metadata)
+        self.n_vocab = int(self._model.n_vocab)
+        self._add_bos = adds_bos(self._model)
+        self._bos = int(self._model.bos)
+        def piece(t: int) -> bytes:
+            return bytes(self._model.token_to_piece(int(t)))
+
+        bos_text = token_text(self.metadata, self._bos, piece)
+        eos_text = token_text(self.metadata, int(self._model.eos), piece)
+        if chat_template:
+            self.chat = ChatTemplate(chat_template, bos_token=bos_text, eos_token=eos_text)
+        else:
+            self.chat = ChatTemplate.from_metadata(self.metadata, bos_token=bos_text, eos_token=eos_text)
+        eog = end_of_generation_ids(_core, self._model, self.metadata, self.n_vocab, False)
+        self.scheduler = Scheduler(self._model, eog_ids=eog, **scheduler_args)
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self._model.close()
+
+    def completion_tokens(self, prompt: Any) -> tuple[list[int], str]:
+        """Tokens and text of a completion prompt (text: BOS as the vocabulary asks, special-token
+        text parsed, as Llama does; token ids are taken as they are)."""
+        if isinstance(prompt, str):
+            return list(self._model.tokenize(_utf8(prompt, "prompt"), add_special=True, parse_special=True)), prompt
+        bad = next((t for t in prompt if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise bad_request(f"invalid token id {bad} in the prompt: ids must be in [0, {self.n_vocab})",
+                              "prompt", "invalid_value")
+        return list(prompt), bytes(self._model.detokenize(prompt)).decode("utf-8", errors="ignore")
+
+    def chat_tokens(self, messages: Any, tools: Any) -> list[int]:
+        try:
+            text = self.chat.render(messages, add_generation_prompt=True, tools=tools)
+        except BonsaiError as e:
+            raise bad_request(str(e), "messages", "invalid_value") from None
+        tokens = list(self._model.tokenize(_utf8(text, "messages"), add_special=False, parse_special=True))
+        if self._add_bos and tokens[:1] != [self._bos]:
+            tokens.insert(0, self._bos)
+        if not tokens:
+            raise bad_request("the rendered chat prompt is empty", "messages", "invalid_value")
+        return tokens
+
+    def submit(self, tokens: list[int], args: dict, on_event) -> GenerationRequest:
+        try:
+            return self.scheduler.submit(GenerationRequest(tokens, on_event=on_event, **args))
+        except InvalidRequestError as e:
+            raise from_invalid(e) from None
+        except QueueFullError as e:
+            raise APIError(429, str(e), "rate_limit_exceeded", None, "queue_full") from None
+
+
+def _utf8(text: str, param: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"'{param}' is not valid Unicode (it holds an unpaired surrogate escape such as "
+                          "\\ud800); send UTF-8 text", param, "invalid_value") from None
+
+
+class _EventQueue:
+    """Receives StreamEvents on the scheduler thread, delivers them on the asyncio loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+
+    def __call__(self, ev: StreamEvent) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        while True:
+            ev = await self.queue.get()
+            yield ev
+            if ev.finish_reason is not None:
+                return
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _usage(req: GenerationRequest) -> dict:
+    n = len(req.completion_tokens)
+    return {"prompt_tokens": req.n_prompt, "completion_tokens": n, "total_tokens": req.n_prompt + n}
+
+
+async def _collect(request, req: GenerationRequest, events: _EventQueue) -> tuple[str, str]:
+    """Waits for a non-streamed result, cancelling the request if the client disconnects."""
+    parts: list[str] = []
+    next_check = time.monotonic() + _DISCONNECT_POLL_S
+    try:
+        while True:
+            try:
+                ev = await asyncio.wait_for(events.queue.get(), timeout=_DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                ev = None
+            if time.monotonic() >= next_check:  # also while events keep coming
+                next_check = time.monotonic() + _DISCONNECT_POLL_S
+                if await request.is_disconnected():
+                    req.cancel()
+                    raise APIError(499, "the client closed the connection", "client_closed")
+            if ev is None:
+                continue
+            if ev.finish_reason == "error":
+                raise APIError(500, ev.error or "generation failed", "server_error")
+            parts.append(ev.text)
+            if ev.finish_reason is not None:
+                return "".join(parts), ev.finish_reason
+    finally:
+        if not req.done:
+            req.cancel()
+
+
+def _stream(chunks: AsyncIterator[str], req: GenerationRequest):
+    from fastapi.responses import StreamingResponse
+
+    async def body():
+        try:
+            async for c in chunks:
+                yield c
+            yield "data: [DONE]\n\n"
+        finally:
+            if not req.done:
+                req.cancel()
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _metrics_text(engine: ServingEngine) -> str:
+    s = engine.scheduler.stats()
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, value) -> None:
+        lines.extend([f"# HELP bonsai_{name} {help_}", f"# TYPE bonsai_{name} {kind}",
+                      f"bonsai_{name} {value}"])
+
+    metric("requests_total", "counter", "Requests accepted by the scheduler.", s["requests_total"])
+    metric("requests_rejected_total", "counter", "Requests refused because the queue was full.",
+           s["requests_rejected_total"])
+    lines += ["# HELP bonsai_requests_finished_total Requests finished, by reason.",
+              "# TYPE bonsai_requests_finished_total counter"]
+    for reason in ("stop", "length", "cancelled", "error"):
+        lines.append(f'bonsai_requests_finished_total{{reason="{reason}"}} {s["finished"].get(reason, 0)}')
+    metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", s["prompt_tokens_total"])
+    metric("prompt_tokens_reused_total", "counter", "Prompt tokens served from the prefix cache.",
+           s["prompt_tokens_reused_total"])
+    metric("generated_tokens_total", "counter", "Completion tokens generated.", s["generated_tokens_total"])
+    metric("decode_steps_total", "counter", "Engine steps (one batched decode each).", s["decode_steps_total"])
+    lines += ["# HELP bonsai_time_to_first_token_seconds From submission to the first sampled token.",
+              "# TYPE bonsai_time_to_first_token_seconds summary",
+              f"bonsai_time_to_first_token_seconds_sum {s['first_token_seconds_sum']:.6f}",
+              f"bonsai_time_to_first_token_seconds_count {s['first_token_count']}"]
+    metric("queue_depth", "gauge", "Requests waiting for a slot.", s["queue_depth"])
+    metric("slots_busy", "gauge", "Slots serving a request.", s["slots_busy"])
+    metric("slots_total", "gauge", "Slots (--parallel).", s["slots_total"])
+    metric("kv_cached_tokens", "gauge", "Tokens held in the slots' KV cache.", s["cached_tokens"])
+    metric("generated_tokens_per_second", "gauge", "Completion tokens per second of engine busy time.",
+           f"{s['generated_tokens_per_second']:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def create_app(engine: ServingEngine, api_key: Optional[str] = None):
+    """The FastAPI application serving `engine`; `api_key` (if set) is required as a Bearer token
+    on the /v1 routes."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    app = FastAPI(title="bonsai-runner", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
+                                     kind).body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request, exc):
+        return JSONResponse(bad_request(f"invalid request: {exc.errors()}").body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc):
+        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
+                            status_code=500)
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        if auth != f"Bearer {api_key}":
+            raise APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>' "
+                           "with the key the server was started with (--api-key)", "invalid_request_error",
+                           None, "invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        s = engine.scheduler.stats()
+        return {"status": "ok", "slots_idle": s["slots_total"] - s["slots_busy"],
+                "slots_processing": s["slots_busy"], "queue_depth": s["queue_depth"]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(_metrics_text(engine), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_key(request)
+        return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": engine.created,
+                                            "owned_by": "bonsai-runner"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        check_key(request)
+        body = parse_json_body(await request.body())
+        stream, include_usage = stream_flags(body)
+        args = sampling_args(body, chat=False)
+        prompt = completion_prompt(body)
+        echo = body.get("echo")
+        if echo is not None and not isinstance(echo, bool):
+            raise bad_request("'echo' must be a boolean", "echo", "invalid_type")
+        if body.get("suffix"):
+            raise bad_request("suffix (fill-in-the-middle) is not supported by the server", "suffix",
+                              "unsupported_value")
+        tokens, prompt_text = engine.completion_tokens(prompt)
+        events = _EventQueue(asyncio.get_running_loop())
+        req = engine.submit(tokens, args, events)
+        cid, created = fmt.new_completion_id()
+        model = engine.model_id
+        if not stream:
+            text, reason = await _collect(request, req, events)
+            return fmt.completion_response(cid, created, model, (prompt_text if echo else "") + text, None,
+                                           reason, req.n_prompt, len(req.completion_tokens))
+
+        async def chunks():
+            if echo:
+                yield _sse(fmt.completion_chunk(cid, created, model, prompt_text, None, None))
+            async for ev in events.events():
+                if ev.finish_reason == "error":
+                    yield _sse(APIError(500, ev.error or "generation failed", "server_error").body())
+                    return
+                if ev.text:
+                    yield _sse(fmt.completion_chunk(cid, created, model, ev.text, None, None))
+                if ev.finish_reason is not None:
+                    yield _sse(fmt.completion_chunk(cid, created, model, "", None, ev.finish_reason))
+            if include_usage:
+                yield _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                            "choices": [], "usage": _usage(req)})
+
+        return _stream(chunks(), req)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        check_key(request)
+        body = parse_json_body(await request.body())
+        stream, include_usage = stream_flags(body)
+        args = sampling_args(body, chat=True)
+        if "messages" not in body:
+            raise bad_request("'messages' is required: a list of {role, content} objects", "messages", "missing")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise bad_request("'tools' must be a list", "tools", "invalid_type")
+        tokens = engine.chat_tokens(body["messages"], tools)
+        stops = [] if args["stop"] is None else [args["stop"]] if isinstance(args["stop"], str) else list(args["stop"])
+        if engine.chat.eos_token:
+            stops.append(engine.chat.eos_token)
+        args["stop"] = stops
+        events = _EventQueue(asyncio.get_running_loop())
+        req = engine.submit(tokens, args, events)
+        cid, created = fmt.new_completion_id()
+        model = engine.model_id
+        if not stream:
+            text, reason = await _collect(request, req, events)
+            return fmt.chat_response(fmt.completion_response(cid, created, model, text, None, reason, req.n_prompt,
+                                                             len(req.completion_tokens)))
+
+        async def chunks():
+            first = True
+            async for ev in events.events():
+                if ev.finish_reason == "error":
+                    yield _sse(APIError(500, ev.error or "generation failed", "server_error").body())
+                    return
+                parts = []
+                if ev.text:
+                    parts.append(fmt.completion_chunk(cid, created, model, ev.text, None, None))
+                if ev.finish_reason is not None:
+                    parts.append(fmt.completion_chunk(cid, created, model, "", None, ev.finish_reason))
+                for part in parts:
+                    out = list(fmt.chat_chunks([part]))  # [role delta, this delta]
+                    for c in (out if first else out[1:]):
+                        yield _sse(c)
+                    first = False
+            if include_usage:
+                yield _sse({"id": "chat" + cid, "object": "chat.completion.chunk", "created": created,
+                            "model": model, "choices": [], "usage": _usage(req)})
+
+        return _stream(chunks(), req)
+
+    return app
+
+
+def run_server(engine: ServingEngine, host: str = "127.0.0.1", port: int = 8080, api_key: Optional[str] = None,
+               log_level: str = "warning") -> None:
+    """Serves `engine` until interrupted (uvicorn handles SIGINT/SIGTERM)."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(create_app(engine, api_key), host=host, port=port, log_level=log_level,
+                                  access_log=False)).run()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+    import sys
+
+    from .commands import serve
+
+    parser = argparse.ArgumentParser(prog="python -m bonsai_runner.server", description=serve.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_arguments(parser)
+    try:
+        return serve.run(parser.parse_args(argv))
+    except BonsaiError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

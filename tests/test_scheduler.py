@@ -1,0 +1,227 @@
+"""The continuous-batching scheduler alone (bonsai_runner.scheduler), on the tiny random llama GGUF
+of test_llama_api_e2e: batched greedy output equals `Llama`'s one-request-at-a-time output, prefix
+reuse (own slot and seq_cp from a busy slot) changes nothing but the work done, stop strings, EOG,
+max_tokens and the slot context end requests, cancellation frees the slot and its KV at once, the
+queue is bounded, bad parameters name themselves. Every wait is bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_llama_api_e2e import engine, write_tiny_gguf
+
+from bonsai_runner.scheduler import GenerationRequest, InvalidRequestError, QueueFullError, Scheduler
+
+PROMPTS = ["The answer is 42. Hello world, hello there!", "def add(a, b): return a + b", "你好世界 🙂",
+           "Hello", "hello there! The answer", "return a + b. The answer is", "42", "world, hello there 你好"]
+N_CTX = 96
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("scheduler") / "tiny.gguf"
+    write_tiny_gguf(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    from bonsai_runner import _core
+
+    m = _core.Model(tiny)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def eog(model):
+    from bonsai_runner import _core
+    from bonsai_runner.vocab_facts import end_of_generation_ids
+
+    return end_of_generation_ids(_core, model, model.metadata, model.n_vocab, False)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """Greedy texts of `Llama` (one request at a time, its own single-sequence context)."""
+    from bonsai_runner import Llama
+
+    with Llama(tiny, n_ctx=N_CTX, verbose=False) as llm:
+        return {p: llm(p, max_tokens=24, temperature=0)["choices"][0]["text"] for p in PROMPTS}
+
+
+@pytest.fixture
+def make(model, eog):
+    made = []
+
+    def mk(**kw):
+        kw.setdefault("n_ctx_slot", N_CTX)
+        kw.setdefault("n_threads", 2)
+        s = Scheduler(model, eog_ids=eog, **kw)
+        made.append(s)
+        return s
+
+    yield mk
+    for s in made:
+        s.close()
+
+
+def toks(model, text):
+    return list(model.tokenize(text.encode(), add_special=True, parse_special=True))
+
+
+def greedy(model, text, **kw):
+    kw.setdefault("max_tokens", 24)
+    return GenerationRequest(toks(model, text), temperature=0, **kw)
+
+
+@engine
+@pytest.mark.parametrize("cache_prompt", [True, False])
+def test_batched_greedy_equals_sequential_llama(model, make, reference, cache_prompt):
+    # n_batch 8 < the longer prompts: prefill chunks share steps with other slots' generated tokens
+    s = make(n_parallel=4, n_batch=8, cache_prompt=cache_prompt)
+    reqs = [s.submit(greedy(model, p)) for p in PROMPTS]
+    got = {p: r.result(TIMEOUT)[0] for p, r in zip(PROMPTS, reqs)}
+    assert got == reference
+    st = s.stats()
+    assert st["decode_steps_total"] < sum(len(r.completion_tokens) for r in reqs)  # tokens were batched
+    assert st["slots_busy"] == 0 and st["queue_depth"] == 0
+    if not cache_prompt:
+        assert all(t == [] for t in s.slot_tokens())
+
+
+@engine
+def test_prefix_reuse_same_output(model, make, reference):
+    s = make(n_parallel=2, cache_prompt=True)
+    p = PROMPTS[0]
+    a = s.submit(greedy(model, p))
+    assert a.result(TIMEOUT)[0] == reference[p] and a.n_reused == 0
+    b = s.submit(greedy(model, p))
+    assert b.result(TIMEOUT)[0] == reference[p]
+    assert b.n_reused == len(toks(model, p)) - 1  # all but the last prompt token came from the cache
+    assert s.stats()["prompt_tokens_reused_total"] == b.n_reused
+
+
+@engine
+def test_prefix_shared_from_a_busy_slot(model, make, tiny):
+    """A newcomer takes the prefix KV of a slot that is still generating (seq_cp)."""
+    from bonsai_runner import Llama
+
+    s = make(n_parallel=2, n_ctx_slot=2048, cache_prompt=True)
+    base = PROMPTS[0]
+    extended = base + " def add"
+    long_run = s.submit(greedy(model, base, max_tokens=0, ignore_eos=True))  # runs until its slot context is full
+    next(long_run.events(TIMEOUT))  # it is generating now
+    b = s.submit(greedy(model, extended))
+    text, _ = b.result(TIMEOUT)
+    assert not long_run.done
+    shared = len(toks(model, base))
+    assert b.n_reused >= shared - 1
+    long_run.cancel()
+    assert long_run.wait(TIMEOUT) and long_run.finish_reason == "cancelled"
+    with Llama(tiny, n_ctx=N_CTX, verbose=False) as llm:
+        assert text == llm(extended, max_tokens=24, temperature=0)["choices"][0]["text"]
+
+
+@engine
+def test_stop_string_max_tokens_and_eog(model, make, reference, eog):
+    p = PROMPTS[1]
+    ref = reference[p]
+    s = make(n_parallel=2)
+    cut = ref[3:6]
+    r = s.submit(greedy(model, p, stop=["zzzz-never", cut]))
+    text, reason = r.result(TIMEOUT)
+    assert reason == "stop" and text == ref[: ref.index(cut)]
+    r = s.submit(greedy(model, p, max_tokens=5))
+    assert r.result(TIMEOUT)[1] == "length" and len(r.completion_tokens) == 5
+    # make the 4th greedy token an end-of-generation token: the request ends before it
+    third = r.completion_tokens[3]
+    s2 = Scheduler(model, eog_ids=set(eog) | {third}, n_parallel=1, n_ctx_slot=N_CTX, n_threads=2)
+    try:
+        r2 = s2.submit(greedy(model, p))
+        assert r2.result(TIMEOUT)[1] == "stop" and r2.completion_tokens == r.completion_tokens[:3]
+        r3 = s2.submit(greedy(model, p, ignore_eos=True))  # the EOG token is masked out of sampling
+        assert r3.result(TIMEOUT)[1] == "length" and len(r3.completion_tokens) == 24
+        assert r3.completion_tokens[:3] == r.completion_tokens[:3] and third not in r3.completion_tokens
+    finally:
+        s2.close()
+
+
+@engine
+def test_slot_context_limits_generation(model, make, eog):
+    s = make(n_parallel=1, n_ctx_slot=32)
+    prompt = toks(model, PROMPTS[0])
+    r = s.submit(GenerationRequest(prompt, max_tokens=None, temperature=0, ignore_eos=True))
+    assert r.result(TIMEOUT)[1] == "length"
+    assert len(r.completion_tokens) == 32 - len(prompt)
+    assert not set(r.completion_tokens) & set(eog)
+    with pytest.raises(InvalidRequestError, match="slot holds 32") as e:
+        s.submit(GenerationRequest(list(range(3, 40)), temperature=0))
+    assert e.value.param == "prompt"
+
+
+@engine
+def test_cancel_frees_slot_and_kv(model, make):
+    s = make(n_parallel=1, n_ctx_slot=4096, cache_prompt=True)
+    r = s.submit(greedy(model, PROMPTS[0], max_tokens=0, ignore_eos=True))
+    waiting = s.submit(greedy(model, PROMPTS[1]))
+    next(r.events(TIMEOUT))
+    waiting.cancel()
+    r.cancel()
+    assert r.wait(TIMEOUT) and waiting.wait(TIMEOUT)
+    assert r.finish_reason == "cancelled" and waiting.finish_reason == "cancelled"
+    assert len(r.completion_tokens) < 4096 - len(toks(model, PROMPTS[0]))
+    assert s.slot_tokens() == [[]]  # the cancelled request's KV is gone, even with cache_prompt
+    st = s.stats()
+    assert st["slots_busy"] == 0 and st["queue_depth"] == 0 and st["finished"]["cancelled"] == 2
+    ok = s.submit(greedy(model, PROMPTS[3], max_tokens=3))
+    assert ok.result(TIMEOUT)[1] == "length"
+
+
+@engine
+def test_bounded_queue(model, make):
+    s = make(n_parallel=1, n_ctx_slot=4096, queue_limit=1)
+    running = s.submit(greedy(model, PROMPTS[0], max_tokens=0, ignore_eos=True))
+    queued = s.submit(greedy(model, PROMPTS[1]))
+    with pytest.raises(QueueFullError, match="busy"):
+        s.submit(greedy(model, PROMPTS[2]))
+    assert s.stats()["requests_rejected_total"] == 1
+    running.cancel()
+    assert queued.result(TIMEOUT)[1] in ("length", "stop")
+
+
+@engine
+def test_seeded_sampling_is_per_request(model, make):
+    """Each request has its own sampler: a seeded request gives the same text alone and batched."""
+    def req(p, seed):
+        return GenerationRequest(toks(model, p), max_tokens=16, temperature=0.9, top_k=0, top_p=1.0,
+                                 min_p=0.0, seed=seed)
+
+    alone = make(n_parallel=1)
+    solo = alone.submit(req(PROMPTS[2], 1234)).result(TIMEOUT)[0]
+    s = make(n_parallel=4)
+    reqs = [s.submit(req(p, 1234 if p == PROMPTS[2] else 7)) for p in PROMPTS[:4]]
+    assert reqs[2].result(TIMEOUT)[0] == solo
+    for r in reqs:
+        r.wait(TIMEOUT)
+
+
+@engine
+@pytest.mark.parametrize("kw, param", [
+    ({"temperature": -0.5}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": "5"}, "top_k"),
+    ({"max_tokens": 1.5}, "max_tokens"), ({"stop": [1]}, "stop"), ({"seed": True}, "seed"),
+    ({"repeat_penalty": 0}, "repeat_penalty"), ({"min_p": 2}, "min_p")])
+def test_bad_parameters_name_themselves(kw, param):
+    with pytest.raises(InvalidRequestError) as e:
+        GenerationRequest([1, 2, 3], **kw)
+    assert e.value.param == param
+
+
+@engine
+def test_invalid_token_and_empty_prompt(model, make):
+    s = make(n_parallel=1)
+    with pytest.raises(InvalidRequestError, match="invalid token id"):
+        s.submit(GenerationRequest([1, model.n_vocab + 5]))
+    with pytest.raises(InvalidRequestError, match="empty"):
+        GenerationRequest([])
