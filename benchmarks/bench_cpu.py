@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""End-to-end CPU throughput: our engine vs llama.cpp (llama-cpp-python) on one synthetic model.
+
+What it does (a script, not a test; it prints ratios and asserts nothing):
+1. Builds, once, a random llama in Hugging Face layout (hidden 2048, FFN 5632, 8 layers, 32 heads,
+   4 KV heads, vocab 32000) whose linear weights are exactly scale x {-1, 0, +1} with one scale per
+   256 weights, so every ternary type and Q8_0 holds them without loss and all files compute the
+   same function. It is converted with `bonsai convert` to PTQ1_0, TQ2_0 and Q8_0 (plus PQ2_0 and
+   Q2_0 unless --types says otherwise). Everything is cached under --work-dir.
+2. Measures the memory read bandwidth with a numpy probe (np.max over a 1 GiB uint64 buffer split
+   across --threads Python threads, which numpy runs without the GIL; best of 5), before and
+   after the timings; the higher of the two is the roofline's bandwidth (a busy machine only
+   lowers it). There is no C++ probe in `_core`.
+3. For every file, times on our engine (`_core.Context.decode`) and, for TQ2_0 and Q8_0 (the
+   --llama-cpp-types; mainline llama.cpp also reads Q2_0, but not PTQ1_0/PQ2_0), on
+   llama-cpp-python (`Llama.eval`, which wraps `llama_decode` without copying logits):
+     pp<P>      : a prompt of P tokens in batches of --batch-size, logits of the last token only;
+     tg<N> @ d<P>: then N tokens one at a time on top of that prompt (as llama-bench's -d).
+   Token ids are fixed pseudo-random ids (the same on both sides; no sampling), so both engines do
+   exactly the same work. Every engine/file pair runs once as a warm-up, then the --reps repetitions
+   are interleaved across pairs so slow drifts of a shared machine hit all of them alike.
+4. Prints a llama-bench-shaped table (t/s median +- sample sd over the repetitions, and the best
+   run, the one least disturbed when other work shares the cores), the bandwidth
+   roofline of generation (weight bytes read per generated token / probed bandwidth) and the
+   ratios: our PTQ1_0 decode / llama.cpp TQ2_0 decode (floor 0.7), and ours / llama.cpp per type
+   for prompt processing and generation. --json writes all numbers.
+
+    PYTHONPATH=python python3 benchmarks/bench_cpu.py [--threads 2] [-p 512] [-n 128] [-r 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+try:
+    import bonsai_runner  # noqa: F401
+except ImportError:  # a source checkout with a developer build (scripts/dev_build.sh)
+    sys.path.insert(0, str(REPO / "python"))
+
+import numpy as np  # noqa: E402
+
+from bonsai_runner import _core  # noqa: E402
+from bonsai_runner.convert import convert  # noqa: E402
+from bonsai_runner.inspect import inspect_file  # noqa: E402
+
+MODEL = {"arch": "llama", "hidden": 2048, "ffn": 5632, "n_layer": 8, "n_head": 32,
+         "n_head_kv": 4, "vocab": 32000, "tokenizer": "spm", "dtype": "float16",
+         "ternary": True, "group": 256, "seed": 0}
+ALL_TYPES = ("ptq1_0", "tq2_0", "q8_0", "pq2_0", "q2_0")
+LLAMA_CPP_TYPES = ("tq2_0", "q8_0", "q2_0")  # what mainline llama.cpp loads (not PTQ1_0/PQ2_0)
+FLOOR_PTQ1_VS_TQ2 = 0.7
+PROBE_BYTES = 1 << 30
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ----- the model files -----
+
+def build_model(work_dir: Path, types: list[str]) -> dict[str, Path]:
+    """The HF checkpoint and one GGUF per type under work_dir (each made only when missing)."""
+    tag = "llama-h{hidden}-f{ffn}-l{n_layer}-v{vocab}-s{seed}".format(**MODEL)
+    hf = work_dir / f"{tag}-hf"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if not (hf / "config.json").exists():
+        sys.path.insert(0, str(REPO / "tests"))
+        from model_factory import make_hf_model
+
+        log(f"writing the random ternary checkpoint {hf} (once; ~1 GB of float16)")
+        tmp = work_dir / f"{tag}-hf.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.perf_counter()
+        make_hf_model(tmp, **MODEL)
+        os.replace(tmp, hf)
+        log(f"  done in {time.perf_counter() - t0:.0f} s")
+    paths = {}
+    for t in types:
+        out = work_dir / f"{tag}-{t}.gguf"
+        if not out.exists():
+            log(f"converting to {t.upper()} -> {out.name} (once)")
+            t0 = time.perf_counter()
+            convert(hf, out, t, progress=False, log=lambda m: log("  " + m))
+            log(f"  done in {time.perf_counter() - t0:.0f} s")
+        paths[t] = out
+    return paths
+
+
+def file_facts(path: Path) -> dict:
+    """Size, parameters and the weight bytes one generated token reads from `path`."""
+    r = inspect_file(path)
+    tensors = {t["name"]: t for t in r["tensors"]}
+    emb = tensors["token_embd.weight"]
+    per_token = sum(t["nbytes"] for t in r["tensors"])
+    if "output.weight" in tensors:  # the embedding table is only gathered from: one row
+        per_token -= emb["nbytes"] - emb["nbytes"] // emb["shape"][0]
+    return {"file_size": r["file_size"], "params": r["bpw"]["total_elements"],
+            "bytes_per_token": per_token, "linear_bpw": r["bpw"]["linear"],
+            "types": {k: v["tensors"] for k, v in r["types"].items()},
+            "n_vocab": r["architecture"]["vocab_size"]}
+
+
+# ----- memory bandwidth probe -----
+
+def read_bandwidth(threads: int, nbytes: int = PROBE_BYTES, tries: int = 5) -> float:
+    """Bytes/s of a streaming read of `nbytes` by `threads` threads (numpy max; best of `tries`)."""
+    buf = np.ones(nbytes // 8, dtype=np.uint64)
+    parts = np.array_split(buf, threads)
+    best = 0.0
+    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+        for _ in range(tries):
+            t0 = time.perf_counter()
+            list(ex.map(np.max, parts))
+            best = max(best, buf.nbytes / (time.perf_counter() - t0))
+    return best
+
+
+# ----- the two engines behind one interface -----
+
+class BonsaiRunner:
+    backend = "bonsai CPU"
+
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int):
+        self.model = _core.Model(str(path))
+        self.ctx = _core.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads)
+        self.n_batch = n_batch
+        self.backend = f"bonsai CPU ({_core.cpu_path()})"
+
+    def reset(self) -> None:
+        self.ctx.clear()
+
+    def prefill(self, tokens: list[int]) -> None:
+        for i in range(0, len(tokens), self.n_batch):
+            self.ctx.decode(tokens[i:i + self.n_batch], logits="last")
+
+    def step(self, token: int) -> None:
+        self.ctx.decode([token], logits="last")
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
+class LlamaCppRunner:
+    backend = "llama.cpp CPU"
+
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int):
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch,
+                                   n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads,
+                                   logits_all=False, verbose=False)
+
+    def reset(self) -> None:
+        self.llm.reset()  # the next eval removes the cached positions from 0 on
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.llm.eval(tokens)
+
+    def step(self, token: int) -> None:
+        self.llm.eval([token])
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def run_once(runner, prompt: list[int], gen: list[int]) -> tuple[float, float]:
+    """(prompt seconds, generation seconds) of one pp + tg run from an empty cache."""
+    runner.reset()
+    t0 = time.perf_counter()
+    runner.prefill(prompt)
+    t1 = time.perf_counter()
+    for tok in gen:
+        runner.step(tok)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
+# ----- report -----
+
+def summarize(rates: list[float]) -> dict:
+    return {"median": statistics.median(rates),
+            "sd": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+            "min": min(rates), "max": max(rates), "runs": rates}
+
+
+def format_table(rows: list[dict]) -> str:
+    header = ["model", "size", "params", "backend", "threads", "test", "t/s", "best t/s"]
+    cells = [[r["model"], f"{r['file_size'] / 2**20:.1f} MiB", f"{r['params'] / 1e6:.0f} M",
+              r["backend"], str(r["threads"]), r["test"],
+              f"{r['tps']['median']:.2f} ± {r['tps']['sd']:.2f}", f"{r['tps']['max']:.2f}"]
+             for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    right = {1, 2, 4, 6, 7}
+
+    def line(vals):
+        return "| " + " | ".join(v.rjust(w) if i in right else v.ljust(w)
+                                 for i, (v, w) in enumerate(zip(vals, widths))) + " |"
+
+    sep = "| " + " | ".join(("-" * (w - 1) + ":") if i in right else "-" * w
+                            for i, w in enumerate(widths)) + " |"
+    return "\n".join([line(header), sep, *(line(c) for c in cells)])
+
+
+def ratio_lines(results: dict, pp: str, tg: str) -> tuple[list[str], dict]:
+    """Ours / llama.cpp of the medians, and of the best runs (the least disturbed by other load)."""
+    def tps(engine, t, test):
+        r = results.get((engine, t, test))
+        return (r["tps"]["median"], r["tps"]["max"]) if r else None
+
+    lines, ratios = [], {}
+    ours, theirs = tps("bonsai", "ptq1_0", tg), tps("llama.cpp", "tq2_0", tg)
+    if ours and theirs:
+        med, best = ours[0] / theirs[0], ours[1] / theirs[1]
+        ratios["ptq1_0_vs_llama_cpp_tq2_0_tg"] = {"median": med, "best": best}
+        verdict = "meets" if med >= FLOOR_PTQ1_VS_TQ2 else "BELOW"
+        lines.append(f"our PTQ1_0 {tg} / llama.cpp TQ2_0 {tg}: {med:.2f} (best runs {best:.2f})"
+                     f"  -> median {verdict} the floor {FLOOR_PTQ1_VS_TQ2}")
+    for t in LLAMA_CPP_TYPES:
+        for test in (pp, tg):
+            ours, theirs = tps("bonsai", t, test), tps("llama.cpp", t, test)
+            if ours and theirs:
+                med, best = ours[0] / theirs[0], ours[1] / theirs[1]
+                ratios[f"{t}_{test.split()[0]}"] = {"median": med, "best": best}
+                lines.append(f"ours / llama.cpp, {t.upper():6s} {test:12s}: {med:.2f} "
+                             f"({ours[0]:.2f} vs {theirs[0]:.2f} t/s); best runs {best:.2f} "
+                             f"({ours[1]:.2f} vs {theirs[1]:.2f})")
+    return lines, ratios
+
+
+def roofline_lines(facts: dict, bandwidth: float, results: dict, tg: str) -> list[str]:
+    lines = []
+    for t, f in facts.items():
+        ceiling = bandwidth / f["bytes_per_token"]
+        seen = [f"{eng} {r['tps']['median'] / ceiling:.0%}"
+                for (eng, tt, test), r in results.items() if tt == t and test == tg]
+        lines.append(f"{t.upper():6s}: {f['bytes_per_token'] / 2**20:7.1f} MiB/token -> ceiling "
+                     f"{ceiling:6.1f} t/s; reached: {', '.join(seen) or '-'}")
+    return lines
+
+
+# ----- main -----
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work-dir", type=Path,
+                   default=Path.home() / ".cache" / "bonsai-runner" / "bench",
+                   help="where the model files are built and cached (default: %(default)s)")
+    p.add_argument("--threads", "-t", type=int, default=2, help="threads for both engines")
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test)")
+    p.add_argument("-r", "--reps", type=int, default=3, help="repetitions per test")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt batch size")
+    p.add_argument("--types", default="ptq1_0,tq2_0,q8_0,pq2_0,q2_0",
+                   help="comma-separated file types (from: %s)" % ", ".join(ALL_TYPES))
+    p.add_argument("--llama-cpp-types", default="tq2_0,q8_0",
+                   help="types also timed on llama.cpp (from: %s; default: %%(default)s; its "
+                        "Q2_0 CPU path is slow, ~20x under TQ2_0)" % ", ".join(LLAMA_CPP_TYPES))
+    p.add_argument("--no-llama-cpp", action="store_true", help="time only our engine")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': stdout)")
+    args = p.parse_args(argv)
+    args.types = [t.strip().lower() for t in args.types.split(",") if t.strip()]
+    bad = [t for t in args.types if t not in ALL_TYPES]
+    if bad:
+        p.error(f"unknown type(s) {bad}; choose from {', '.join(ALL_TYPES)}")
+    args.llama_cpp_types = [t.strip().lower() for t in args.llama_cpp_types.split(",")
+                            if t.strip()]
+    bad = [t for t in args.llama_cpp_types if t not in LLAMA_CPP_TYPES]
+    if bad:
+        p.error(f"llama.cpp cannot time {bad}; choose from {', '.join(LLAMA_CPP_TYPES)}")
+    for name in ("threads", "n_prompt", "n_gen", "reps", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def make_runners(args, paths: dict, n_ctx: int) -> list[tuple[str, str, object]]:
+    runners = [("bonsai", t, BonsaiRunner(paths[t], args.threads, n_ctx, args.batch_size))
+               for t in args.types]
+    if args.no_llama_cpp:
+        log("llama.cpp rows skipped (--no-llama-cpp)")
+        return runners
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:
+        log(f"NOTICE: llama_cpp is not importable ({e}); llama.cpp rows skipped")
+        return runners
+    for t in args.types:
+        if t in args.llama_cpp_types:
+            try:
+                runners.append(("llama.cpp", t,
+                                LlamaCppRunner(paths[t], args.threads, n_ctx, args.batch_size)))
+            except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError variants
+                log(f"NOTICE: llama.cpp could not load {paths[t].name} ({e}); row skipped")
+    return runners
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    load = os.getloadavg()
+    log(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}")
+    paths = build_model(args.work_dir.expanduser(), args.types)
+    facts = {t: file_facts(paths[t]) for t in args.types}
+
+    log(f"probing the read bandwidth (numpy max over {PROBE_BYTES >> 20} MiB, "
+        f"{args.threads} threads)")
+    probes = [read_bandwidth(args.threads)]
+    log(f"  {probes[0] / 1e9:.1f} GB/s")
+
+    n_vocab = facts[args.types[0]]["n_vocab"]
+    rng = np.random.default_rng(1234)
+    prompt = rng.integers(0, n_vocab, size=args.n_prompt).tolist()
+    gen = rng.integers(0, n_vocab, size=args.n_gen).tolist()
+    n_ctx = args.n_prompt + args.n_gen + 16
+    pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen} @ d{args.n_prompt}"
+
+    runners = make_runners(args, paths, n_ctx)
+    times: dict[tuple, list[tuple[float, float]]] = {}
+    try:
+        for engine, t, r in runners:
+            log(f"warm-up: {engine} {t.upper()}")
+            run_once(r, prompt, gen)
+        for rep in range(args.reps):
+            for engine, t, r in runners:
+                tp, tt = run_once(r, prompt, gen)
+                times.setdefault((engine, t), []).append((tp, tt))
+                log(f"rep {rep + 1}/{args.reps} {engine:9s} {t.upper():6s} "
+                    f"{pp} {args.n_prompt / tp:8.2f} t/s   {tg} {args.n_gen / tt:7.2f} t/s")
+    finally:
+        backends = {(e, t): r.backend for e, t, r in runners}
+        for _, _, r in runners:
+            r.close()
+
+    log("probing the read bandwidth again")
+    probes.append(read_bandwidth(args.threads))
+    log(f"  {probes[1] / 1e9:.1f} GB/s")
+    bandwidth = max(probes)
+
+    results, rows = {}, []
+    for (engine, t), runs in times.items():
+        for test, n, k in ((pp, args.n_prompt, 0), (tg, args.n_gen, 1)):
+            res = {"engine": engine, "type": t.upper(), "test": test,
+                   "model": f"llama {facts[t]['params'] / 1e6:.0f}M {t.upper()}",
+                   "backend": backends[(engine, t)], "threads": args.threads,
+                   "file_size": facts[t]["file_size"], "params": facts[t]["params"],
+                   "tps": summarize([n / x[k] for x in runs])}
+            results[(engine, t, test)] = res
+            rows.append(res)
+    rows.sort(key=lambda r: (args.types.index(r["type"].lower()), r["engine"] != "bonsai",
+                             r["test"] != pp))
+    load_end = os.getloadavg()
+    print(format_table(rows))
+    print(f"\nload average at start {load[0]:.2f}, at end {load_end[0]:.2f} "
+          f"({os.cpu_count()} CPUs); t/s = median ± sample sd over {args.reps} runs, best t/s "
+          "= the fastest run")
+    print(f"\nroofline of generation: weight bytes per token / {bandwidth / 1e9:.1f} GB/s "
+          f"(numpy read probe, best of before/after: "
+          f"{' / '.join(f'{b / 1e9:.1f}' for b in probes)} GB/s)")
+    for line in roofline_lines(facts, bandwidth, results, tg):
+        print("  " + line)
+    lines, ratios = ratio_lines(results, pp, tg)
+    print("\nratios:")
+    for line in lines or ["(no llama.cpp rows to compare with)"]:
+        print("  " + line)
+
+    if args.json:
+        doc = {"model": MODEL, "threads": args.threads, "n_prompt": args.n_prompt,
+               "n_gen": args.n_gen, "reps": args.reps, "batch_size": args.batch_size,
+               "cpu_path": _core.cpu_path(), "load_average": {"start": load, "end": load_end},
+               "bandwidth_probe": {"method": "numpy max over 1 GiB, --threads threads, best of 5",
+                                   "bytes_per_s": bandwidth, "before_after": probes},
+               "files": {t: {"path": str(paths[t]), **facts[t]} for t in args.types},
+               "results": rows, "ratios": ratios,
+               "floor_ptq1_0_vs_llama_cpp_tq2_0_tg": FLOOR_PTQ1_VS_TQ2}
+        text = json.dumps(doc, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n", encoding="utf-8")
+            log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
