@@ -7,10 +7,9 @@ What it does (a script, not a test; it prints ratios and asserts nothing):
    256 weights, so every ternary type and Q8_0 holds them without loss and all files compute the
    same function. It is converted with `bonsai convert` to PTQ1_0, TQ2_0 and Q8_0 (plus PQ2_0 and
    Q2_0 unless --types says otherwise). Everything is cached under --work-dir.
-2. Measures the memory read bandwidth with a numpy probe (np.max over a 1 GiB uint64 buffer split
-   across --threads Python threads, which numpy runs without the GIL; best of 5), before and
-   after the timings; the higher of the two is the roofline's bandwidth (a busy machine only
-   lowers it). There is no C++ probe in `_core`.
+2. Measures the memory read bandwidth with the engine's C++ probe (_core.measure_read_bandwidth
+   over a 1 GiB buffer with --threads threads; best of 5), before and after the timings; the
+   higher of the two is the roofline's bandwidth (a busy machine only lowers it).
 3. For every file, times on our engine (`_core.Context.decode`) and, for TQ2_0 and Q8_0 (the
    --llama-cpp-types; mainline llama.cpp also reads Q2_0, but not PTQ1_0/PQ2_0), on
    llama-cpp-python (`Llama.eval`, which wraps `llama_decode` without copying logits):
@@ -31,7 +30,6 @@ What it does (a script, not a test; it prints ratios and asserts nothing):
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import platform
@@ -113,16 +111,11 @@ def file_facts(path: Path) -> dict:
 # ----- memory bandwidth probe -----
 
 def read_bandwidth(threads: int, nbytes: int = PROBE_BYTES, tries: int = 5) -> float:
-    """Bytes/s of a streaming read of `nbytes` by `threads` threads (numpy max; best of `tries`)."""
-    buf = np.ones(nbytes // 8, dtype=np.uint64)
-    parts = np.array_split(buf, threads)
-    best = 0.0
-    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
-        for _ in range(tries):
-            t0 = time.perf_counter()
-            list(ex.map(np.max, parts))
-            best = max(best, buf.nbytes / (time.perf_counter() - t0))
-    return best
+    """Bytes/s of a streaming read of `nbytes` by `threads` threads: the engine's own C++ probe
+    (_core.measure_read_bandwidth, the one `bonsai bench --bandwidth` uses), best of `tries`."""
+    from bonsai_runner import _core
+
+    return float(_core.measure_read_bandwidth(nbytes, threads, tries)["bytes_per_s"])
 
 
 # ----- the two engines behind one interface -----
@@ -314,7 +307,7 @@ def main(argv=None) -> int:
     paths = build_model(args.work_dir.expanduser(), args.types)
     facts = {t: file_facts(paths[t]) for t in args.types}
 
-    log(f"probing the read bandwidth (numpy max over {PROBE_BYTES >> 20} MiB, "
+    log(f"probing the read bandwidth (C++ probe over {PROBE_BYTES >> 20} MiB, "
         f"{args.threads} threads)")
     probes = [read_bandwidth(args.threads)]
     log(f"  {probes[0] / 1e9:.1f} GB/s")
@@ -379,7 +372,7 @@ def main(argv=None) -> int:
         doc = {"model": MODEL, "threads": args.threads, "n_prompt": args.n_prompt,
                "n_gen": args.n_gen, "reps": args.reps, "batch_size": args.batch_size,
                "cpu_path": _core.cpu_path(), "load_average": {"start": load, "end": load_end},
-               "bandwidth_probe": {"method": "numpy max over 1 GiB, --threads threads, best of 5",
+               "bandwidth_probe": {"method": "_core.measure_read_bandwidth over 1 GiB, --threads threads, best of 5",
                                    "bytes_per_s": bandwidth, "before_after": probes},
                "files": {t: {"path": str(paths[t]), **facts[t]} for t in args.types},
                "results": rows, "ratios": ratios,
