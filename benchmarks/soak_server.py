@@ -7,8 +7,9 @@ so every status code is seen as sent), a fixed seeded mix of
   stream      streamed /v1/completions read to `data: [DONE]`,
   plain       non-streamed /v1/completions,
   chat        non-streamed /v1/chat/completions (only if the model file has a chat template),
-  disconnect  streamed completion to the end of the slot (max_tokens 0, ignore_eos) whose client
-              closes the socket after a few events,
+  disconnect  streamed completion of 256 tokens (ignore_eos) whose client closes the socket after
+              1-8 events (counted apart when the stream ends first: a model whose pieces are
+              mostly held-back bytes sends few events),
   malformed   bad JSON, a missing prompt, top_p 7, bytes that are not UTF-8, a string temperature,
               a stop object, a JSON list: must be answered 400.
 A client retries a 429/503 refusal --retries times after a short random pause; the report counts
@@ -168,8 +169,9 @@ def has_chat_template(model_path) -> bool:
 def one_request(port, i, use_chat, retries):
     """Runs request i of the fixed mix, retrying a 429/503 refusal up to `retries` times after a short
     random pause (as a client honouring the refusal would). Returns (kind, outcome, refusals) with
-    outcome 'ok', 'refused-429', 'refused-503' (the last attempt's refusal), 'rejected-400' or
-    'FAIL: ...', and refusals the list of refusal statuses seen."""
+    outcome 'ok', 'ok-ended-first' (a disconnect whose stream ended first), 'refused-429' or
+    'refused-503' (the last attempt's refusal), 'rejected-400' or 'FAIL: ...', and refusals the
+    list of refusal statuses seen."""
     r = random.Random(1000 + i)
     kind = r.choices(KINDS, WEIGHTS)[0]
     if kind == "chat" and not use_chat:
@@ -197,9 +199,11 @@ def attempt_request(port, i, kind, prompt, r) -> str:
                 status, how = stream_request(port, body)
                 ok = how == "done"
             else:
-                body.update(max_tokens=0, ignore_eos=True)  # 0: until the slot is full
+                body.update(max_tokens=256, ignore_eos=True)
                 status, how = stream_request(port, body, stop_after=r.randint(1, 8))
-                ok = how == "closed"
+                ok = how in ("closed", "done")  # done: the stream ended before the client left
+                if status == 200 and how == "done":
+                    return "ok-ended-first"
             if status in (429, 503):
                 return f"refused-{status}"
             return "ok" if status == 200 and ok else f"FAIL: status {status}, stream {how}"
@@ -266,6 +270,8 @@ def run_soak(args) -> int:
         with ThreadPoolExecutor(N_CLIENTS) as pool:
             futures = [pool.submit(one_request, port, i, use_chat, args.retries) for i in range(N_REQUESTS)]
             for i, f in enumerate(futures):
+                if i == N_REQUESTS // 2:
+                    rss_mid = rss_mib(server.proc.pid)
                 remaining = args.timeout - (time.monotonic() - t_start)
                 kind, outcome, refused = f.result(timeout=max(remaining, 1))
                 by_kind[kind] += 1
@@ -291,14 +297,15 @@ def run_soak(args) -> int:
         server.stop()
 
     wf = [k for k in KINDS if k != "malformed"]
-    answered = sum(n for (k, o), n in outcomes.items() if k in wf and o == "ok")
+    answered = sum(n for (k, o), n in outcomes.items() if k in wf and o.startswith("ok"))
     r429 = sum(n for (k, o), n in outcomes.items() if o == "refused-429")
     r503 = sum(n for (k, o), n in outcomes.items() if o == "refused-503")
     n_wf = sum(by_kind[k] for k in wf)
     print(f"soak: {N_REQUESTS} requests from {N_CLIENTS} clients against bonsai serve --parallel {PARALLEL} "
           f"--queue-limit {QUEUE_LIMIT} in {wall:.1f} s (mix: {dict(by_kind)})")
     print(f"  well-formed {n_wf}: answered {answered} (of which {outcomes[('disconnect', 'ok')]} disconnected "
-          f"mid-stream by the client), refused on every try 429 {r429} / 503 {r503}, "
+          f"mid-stream by the client, {outcomes[('disconnect', 'ok-ended-first')]} ended before the client "
+          f"could), refused on every try 429 {r429} / 503 {r503}, "
           f"failed {n_wf - answered - r429 - r503}; refusals seen (incl. retried) 429 {refusals[429]}, "
           f"503 {refusals[503]}")
     print(f"  malformed {by_kind['malformed']}: answered 400 {outcomes[('malformed', 'rejected-400')]}")
@@ -309,7 +316,8 @@ def run_soak(args) -> int:
           f"queue_depth {m.get('bonsai_queue_depth'):.0f}, accepted {m.get('bonsai_requests_total'):.0f}, "
           f"rejected {m.get('bonsai_requests_rejected_total'):.0f}, cancelled {cancelled:.0f}, errors {errors:.0f}")
     growth = rss_after - rss_before
-    print(f"  server RSS: {rss_before:.1f} MiB after warm-up, {rss_after:.1f} MiB at the end "
+    print(f"  server RSS: {rss_before:.1f} MiB after warm-up, {rss_mid:.1f} MiB when the first "
+          f"{N_REQUESTS // 2} requests were done, {rss_after:.1f} MiB at the end "
           f"({growth:+.1f} MiB; tolerance {args.rss_tolerance_mib:.0f} MiB)")
     if poller.bad:
         failures.append(f"/health failed {len(poller.bad)} times: {poller.bad[:3]}")
