@@ -7,26 +7,27 @@ prints the aggregate generated tokens/s of both and their ratio (the batching sp
 Prefix reuse: time to first token of a prompt made of a shared `--prefix-tokens`-token prefix and
 a short question, first cold (nothing cached), then warm (a different question after the same
 prefix); prints both and the cold/warm ratio.
-Soak (`--soak SECONDS`): random mixes of streamed, plain, cancelled-midway and concurrent requests
-for that long; fails if any request errors, a slot stays busy, or /health stops answering.
+Soak (`--soak SECONDS`, with --model): benchmarks/soak_server.py bounded by SECONDS: 200 requests
+from 32 clients against a `bonsai serve --parallel 4 --queue-limit 8` child process (malformed
+requests and mid-stream disconnects included); reports answered / 429 / 503 counts, /health,
+free slots from /metrics and the server's RSS before and after, and exits 1 if any check fails.
 
 The server runs in this process (uvicorn in a thread, loopback, a free port), or pass --url to
 measure one that is already running.
 
     PYTHONPATH=python python3 benchmarks/bench_serving.py --model model.gguf [--parallel 8] [--threads 0]
-    PYTHONPATH=python python3 benchmarks/bench_serving.py --url http://127.0.0.1:8080 --soak 300
+    PYTHONPATH=python python3 benchmarks/bench_serving.py --url http://127.0.0.1:8080 --clients 16
+    PYTHONPATH=python python3 benchmarks/bench_serving.py --model model.gguf --soak 300
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import socket
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -109,48 +110,6 @@ def bench_prefix(client, args):
           f"cold {cold * 1000:.0f} ms, warm {warm * 1000:.0f} ms; ratio {cold / warm:.1f}x")
 
 
-def soak(client, url, args):
-    rng = random.Random(3)
-    deadline = time.monotonic() + args.soak
-    counts = {"stream": 0, "plain": 0, "cancel": 0}
-
-    def one(i):
-        r = random.Random(i)
-        kind = r.choice(list(counts))
-        prompt = random_text(r, r.randint(3, 200))
-        if kind == "plain":
-            out = client.completions.create(model="m", prompt=prompt, max_tokens=r.randint(1, 64),
-                                            temperature=r.choice([0, 0.7]), seed=i)
-            assert out.choices[0].finish_reason in ("stop", "length")
-        elif kind == "stream":
-            stream_once(client, prompt, r.randint(1, 64))
-        else:
-            stream = client.completions.create(model="m", prompt=prompt, max_tokens=2000, stream=True,
-                                               extra_body={"ignore_eos": True})
-            for n, _ in enumerate(stream):
-                if n >= r.randint(1, 10):
-                    break
-            stream.close()
-        return kind
-
-    i = 0
-    with ThreadPoolExecutor(args.clients) as pool:
-        while time.monotonic() < deadline:
-            batch = [pool.submit(one, i + k) for k in range(rng.randint(1, 2 * args.clients))]
-            i += len(batch)
-            for f in batch:
-                counts[f.result()] += 1
-    for _ in range(100):
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            health = json.loads(r.read())
-        if health["slots_processing"] == 0:
-            break
-        time.sleep(0.1)
-    else:
-        raise SystemExit(f"soak: slots still busy after the last request: {health}")
-    print(f"soak: {sum(counts.values())} requests {counts} in {args.soak:.0f} s, no errors, all slots free")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="GGUF file (starts a server in this process)")
@@ -164,19 +123,25 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per client")
     p.add_argument("--prefix-tokens", type=int, default=1000,
                    help="words of the shared prefix (about as many tokens with real vocabularies)")
-    p.add_argument("--soak", type=float, default=0.0, help="run the soak mix for this many seconds instead")
+    p.add_argument("--soak", type=float, default=0.0,
+                   help="run the soak (benchmarks/soak_server.py) instead, bounded by this many seconds")
+    from soak_server import add_soak_arguments, run_soak
+
+    add_soak_arguments(p)
     args = p.parse_args(argv)
     if bool(args.model) == bool(args.url):
         p.error("give exactly one of --model and --url")
+    if args.soak > 0:
+        if not args.model:
+            p.error("--soak starts its own `bonsai serve` (to read its RSS); give --model")
+        args.timeout = args.soak
+        return run_soak(args)
     local = LocalServer(args) if args.model else None
     url = local.url if local else args.url.rstrip("/")
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     try:
-        if args.soak > 0:
-            soak(client, url, args)
-        else:
-            bench_throughput(client, args)
-            bench_prefix(client, args)
+        bench_throughput(client, args)
+        bench_prefix(client, args)
     finally:
         if local:
             local.stop()

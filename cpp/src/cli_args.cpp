@@ -121,11 +121,13 @@ std::vector<Flag> make_flags(RunOptions& o) {
         {{"--cuda-graph"}, "", "capture whole decode steps as CUDA graphs", nullptr, on(o.cuda_graph)},
         {{"--no-mmap"}, "", "read the model into memory instead of mapping it", nullptr,
          [&o](bool b) { o.use_mmap = !b; }},
-        {{"-np", "--parallel"}, "N", "independent sequences decoded together (default 1)",
-         i32(o.parallel, 1, 4096, "an integer from 1 to 4096"), nullptr},
+        {{"-np", "--parallel"}, "N", "N > 1: every non-blank line of -f FILE is its own prompt, N decoded "
+         "together by continuous batching; -c is the context of EACH slot (the KV cache holds N x c tokens); "
+         "prompt i samples with seed + i; outputs print as they finish, lines prefixed [i] (default 1)",
+         i32(o.parallel, 1, 64, "an integer from 1 to 64"), nullptr},
         {{"-b", "--batch-size"}, "N", "prompt tokens per forward pass (default 512)",
          i32(o.batch_size, 1, kMaxI32, "an integer >= 1"), nullptr},
-        {{"--cache-prompt"}, "", "reuse the KV cache of a prompt prefix shared between requests",
+        {{"--cache-prompt"}, "", "reuse the KV cache of a prompt prefix shared between requests (--parallel)",
          nullptr, on(o.cache_prompt)},
         {{"-t", "--threads"}, "N", "CPU threads; 0 = one per hardware thread (default 0)",
          i32(o.threads, 0, 4096, "an integer from 0 to 4096"), nullptr},

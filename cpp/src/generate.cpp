@@ -27,6 +27,7 @@
 #include "bonsai/model.h"
 #include "bonsai/sampling.h"
 #include "bonsai/vocab.h"
+#include "generate_common.h"
 #include "sys_memory.h"
 
 namespace bonsai {
@@ -43,6 +44,8 @@ struct Timing {
     double load_ms = 0, prompt_ms = 0, gen_ms = 0;
     int64_t prompt_tokens = 0, gen_tokens = 0;
 };
+
+}  // namespace
 
 std::string read_prompt_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -73,6 +76,8 @@ std::vector<int32_t> end_tokens(const Vocab& v) {
     }
     return ids;
 }
+
+namespace {
 
 class Runner {
 public:
@@ -146,6 +151,8 @@ private:
     int64_t n_past_ = 0;
 };
 
+}  // namespace
+
 void print_load_report(const Model& m, const Context& ctx, const RunOptions& o) {
     const Hparams& hp = m.hparams();
     std::fprintf(stderr, "model: %s (%s, %lld layers, n_embd %lld, %lld heads / %lld kv, vocab %lld)\n",
@@ -165,6 +172,8 @@ void print_load_report(const Model& m, const Context& ctx, const RunOptions& o) 
     std::fprintf(stderr, "threads: %d, batch size %d%s\n", ctx.n_threads(), ctx.params().n_batch,
                  ctx.params().flash_attn ? ", flash attention" : "");
 }
+
+namespace {
 
 void print_timing(const Timing& t) {
     auto rate = [](int64_t n, double ms) { return ms > 0 ? 1000.0 * static_cast<double>(n) / ms : 0.0; };
@@ -210,16 +219,13 @@ int run_generate(const RunOptions& o) {
         throw Error("-n/--n-predict must be a positive number of tokens (or -1 = until end of text), got " +
                     std::to_string(o.n_predict));
     }
-    if (o.parallel > 1) {
-        throw Error("--parallel " + std::to_string(o.parallel) + " is not supported by bonsai_run yet "
-                    "(serve parallel sequences with `bonsai serve`); use --parallel 1");
-    }
     if (o.cache_type_k != TYPE_F16 && o.cache_type_k != TYPE_Q8_0) {
         throw Error("--cache-type-k must be f16 or q8_0");
     }
     if (o.cache_type_v != TYPE_F16 && o.cache_type_v != TYPE_Q8_0) {
         throw Error("--cache-type-v must be f16 or q8_0");
     }
+    if (o.parallel > 1) return run_generate_parallel(o);
     const SamplingParams sp = sampling_from(o);
     std::string prompt;
     if (o.has_prompt && !o.prompt_file.empty()) throw Error("give the prompt with -p or -f, not both");

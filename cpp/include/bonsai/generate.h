@@ -12,4 +12,8 @@ namespace bonsai {
 // the caller prints it and exits non-zero. Returns the process exit status on success (0).
 int run_generate(const RunOptions& opts);
 
+// --parallel N > 1 (run_generate dispatches here): every non-blank line of -f is a prompt; up to N
+// of them are decoded together by continuous batching (generate_parallel.cpp). Same contract.
+int run_generate_parallel(const RunOptions& opts);
+
 }  // namespace bonsai

@@ -1,0 +1,26 @@
+// Pieces of bonsai_run generation shared by the single-sequence driver (generate.cpp) and the
+// parallel one (generate_parallel.cpp); defined in generate.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bonsai/cli_args.h"
+#include "bonsai/context.h"
+#include "bonsai/model.h"
+#include "bonsai/sampling.h"
+#include "bonsai/vocab.h"
+
+namespace bonsai {
+
+// The whole file as bytes; throws bonsai::Error naming the path when it cannot be read.
+std::string read_prompt_file(const std::string& path);
+// Sampling parameters of the options, validated (throws bonsai::Error on a bad value).
+SamplingParams sampling_from(const RunOptions& o);
+// Token ids that end a generation: EOS plus the end-of-turn control tokens the vocabulary has.
+std::vector<int32_t> end_tokens(const Vocab& v);
+// The model line, per-layer table, memory of weights / KV cache / compute buffers, threads (stderr).
+void print_load_report(const Model& m, const Context& ctx, const RunOptions& o);
+
+}  // namespace bonsai
