@@ -358,7 +358,9 @@ def format_plan(plan: dict) -> str:
                    f"does NOT fit: {format_bytes(-b['free_bytes'])} over")
         out.append(f"budget: {b['memory_bytes'] / 1e9:.2f} GB = {format_bytes(b['memory_bytes'])} "
                    f"on the {b['device']}: {verdict}")
-        out.append(f"largest context that fits: {b['max_ctx']} tokens" if b["max_ctx"] else
+        per_seq = (f" = {b['max_ctx'] // s['n_parallel']} per sequence"
+                   if s["n_parallel"] > 1 else "")
+        out.append(f"largest context that fits: {b['max_ctx']} tokens{per_seq}" if b["max_ctx"] else
                    "largest context that fits: none (weights and buffers alone exceed the budget)")
     c = plan.get("decode_ceiling")
     if c:

@@ -6,7 +6,8 @@ with a scheme (the quantizer's PTQ1_0 default policy, --target-bpw B, or --outty
 --preset 27b (SPEC's reference model: llama, 60 layers, hidden 5120, vocab 32000, 40 heads of 128
 over 8 KV heads, FFN 24576 - 26.75 B parameters). CPU figures use the engine's own allocation
 formulas; GPU figures are an estimate with the same accounting (this build has no CUDA backend).
---ctx-size counts KV cells over all --parallel sequences, as llama.cpp's -c does.
+--ctx-size is the context of EACH sequence, as in `bonsai serve` and `bonsai_run --parallel`:
+the KV cache holds ctx-size x parallel cells.
 
 examples:
   bonsai plan model.gguf --ctx-size 8192
@@ -45,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     scheme.add_argument("--outtype", metavar="TYPE",
                         help="config.json: the converter's --outtype (f16, q8_0, ptq1_0, ...)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
-                   help="KV cells over all sequences (default 4096)")
+                   help="context of each sequence; the KV cache holds N x --parallel cells (default 4096)")
     p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
                    help="tokens per forward chunk (default 512)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", type=str.lower, choices=("f16", "q8_0"))
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..plan_model import describe
 
     d = describe(args.model, args.preset, args.outtype, args.target_bpw)
-    p = PlanParams(n_ctx=args.ctx_size, n_batch=args.batch_size, n_parallel=args.parallel,
+    p = PlanParams(n_ctx=args.ctx_size * max(args.parallel, 1), n_batch=args.batch_size, n_parallel=args.parallel,
                    n_threads=args.threads, type_k=args.cache_type_k, type_v=args.cache_type_v,
                    n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn,
                    memory=parse_size(args.memory) if args.memory else None,
