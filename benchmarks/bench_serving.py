@@ -4,7 +4,8 @@ the HTTP API with the official `openai` client, and a soak mode.
 Throughput: one streaming client, then `--clients` concurrent streaming clients, each generating
 `--tokens` tokens (end-of-generation masked with ignore_eos, so every request does the same work);
 prints the aggregate generated tokens/s of both and their ratio (the batching speed-up).
-Prefix reuse: time to first token of a prompt made of a shared `--prefix-tokens`-token prefix and
+Prefix reuse: time to first token (a one-token completion) of a prompt made of a shared
+`--prefix-tokens`-token prefix and
 a short question, first cold (nothing cached), then warm (a different question after the same
 prefix); prints both and the cold/warm ratio.
 Soak (`--soak SECONDS`, with --model): benchmarks/soak_server.py bounded by SECONDS: 200 requests
@@ -101,13 +102,27 @@ def bench_throughput(client, args):
           f"({total} tokens in {wall:.2f} s); ratio {many / single:.2f}x")
 
 
+def first_token_time(client, prompt):
+    """Seconds until the first generated token (a one-token completion: prefill + one step, so the
+    figure does not depend on whether that token's text is empty) and the prompt's token count."""
+    t0 = time.perf_counter()
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=1, temperature=0)
+    return time.perf_counter() - t0, r.usage.prompt_tokens
+
+
 def bench_prefix(client, args):
     rng = random.Random(2)
-    prefix = random_text(rng, args.prefix_tokens)  # about one token per word with real vocabularies
-    cold, _, u = stream_once(client, prefix + "\nQuestion: what is first?", 8)
-    warm, _, _ = stream_once(client, prefix + "\nQuestion: what is last?", 8)
-    print(f"time to first token, {u.prompt_tokens}-token prompts sharing a {args.prefix_tokens}-word prefix: "
-          f"cold {cold * 1000:.0f} ms, warm {warm * 1000:.0f} ms; ratio {cold / warm:.1f}x")
+    # size the prefix to about --prefix-tokens tokens of this model's vocabulary, measured on an
+    # unrelated probe text so that nothing of the real prefix is cached before the cold request
+    probe_words = 200
+    _, n_probe = first_token_time(client, random_text(random.Random(99), probe_words))
+    n_words = max(1, round(args.prefix_tokens * probe_words / max(n_probe, 1)))
+    prefix = random_text(rng, n_words)
+    cold, n_prompt = first_token_time(client, prefix + "\nQuestion: what is first?")
+    warm, _ = first_token_time(client, prefix + "\nQuestion: what is last?")
+    print(f"time to first token, {n_prompt}-token prompts sharing a prefix of about "
+          f"{args.prefix_tokens} tokens: cold {cold * 1000:.0f} ms, warm {warm * 1000:.0f} ms; "
+          f"warm/cold {warm / cold:.1%} (ratio {cold / warm:.1f}x)")
 
 
 def main(argv=None) -> int:
@@ -122,7 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per client")
     p.add_argument("--prefix-tokens", type=int, default=1000,
-                   help="words of the shared prefix (about as many tokens with real vocabularies)")
+                   help="tokens of the shared prefix (sized with the model's own tokenizer)")
     p.add_argument("--soak", type=float, default=0.0,
                    help="run the soak (benchmarks/soak_server.py) instead, bounded by this many seconds")
     from soak_server import add_soak_arguments, run_soak

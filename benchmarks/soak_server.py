@@ -257,7 +257,7 @@ def run_soak(args) -> int:
         for i in range(4):  # warm-up: first allocations, both endpoints, a cancelled stream
             text = random_text(random.Random(i), 30)
             stream_request(port, {"model": "m", "prompt": text, "max_tokens": 16, "stream": True})
-            stream_request(port, {"model": "m", "prompt": text, "max_tokens": 0, "ignore_eos": True,
+            stream_request(port, {"model": "m", "prompt": text, "max_tokens": 1 << 20, "ignore_eos": True,
                                   "stream": True}, stop_after=2)
             request(port, "POST", "/v1/completions", json.dumps({"prompt": "warm up", "max_tokens": 8}).encode())
         rss_before = rss_mib(server.proc.pid)

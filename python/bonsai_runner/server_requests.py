@@ -99,6 +99,10 @@ def sampling_args(body: dict, chat: bool) -> dict:
         max_tokens = _typed(body, "max_completion_tokens", (int,), "an integer")
     if max_tokens is None and "max_tokens" not in body:
         max_tokens = defaults["max_tokens"]
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"'max_tokens' must be at least 1, got {max_tokens}; omit it (chat) to "
+                          "generate until the end of text or the slot's context", "max_tokens",
+                          "invalid_value")
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, (str, list)):
         raise bad_request(f"'stop' must be a string or a list of strings, not {type(stop).__name__}",
