@@ -11,20 +11,11 @@
 
 #include "bonsai/cli_args.h"
 #include "bonsai/error.h"
+#include "check.h"
 
 using namespace bonsai;
 
 namespace {
-
-int g_failures = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                            \
-        }                                                                            \
-    } while (0)
 
 RunOptions parse(std::vector<std::string> args) {
     args.insert(args.begin(), "bonsai_run");

@@ -17,33 +17,9 @@
 #include "bonsai/sampling.h"
 #include "bonsai/thread_pool.h"
 #include "layers.h"
+#include "check.h"
 
 using namespace bonsai;
-
-static int g_failures = 0;
-
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-            ++g_failures;                                                                   \
-        }                                                                                   \
-    } while (0)
-
-static void check_throws(const std::function<void()>& f, const std::string& needle, int line) {
-    try {
-        f();
-    } catch (const Error& e) {
-        if (std::string(e.what()).find(needle) == std::string::npos) {
-            std::fprintf(stderr, "line %d: error \"%s\" does not mention \"%s\"\n", line, e.what(), needle.c_str());
-            ++g_failures;
-        }
-        return;
-    }
-    std::fprintf(stderr, "line %d: expected bonsai::Error mentioning \"%s\"\n", line, needle.c_str());
-    ++g_failures;
-}
-#define CHECK_THROWS(expr, needle) check_throws([&] { expr; }, needle, __LINE__)
 
 static void test_sampler() {
     std::vector<float> logits(500);

@@ -15,20 +15,11 @@
 
 #include "bonsai/error.h"
 #include "bonsai/gguf.h"
+#include "check.h"
 
 using namespace bonsai;
 
 namespace {
-
-int g_failures = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                            \
-        }                                                                            \
-    } while (0)
 
 // Little-endian byte builder for GGUF files.
 struct Bytes {

@@ -19,17 +19,9 @@
 #include "bonsai/ops.h"
 #include "bonsai/quants.h"
 #include "bonsai/types.h"
+#include "check.h"
 
 using namespace bonsai;
-
-static int g_failures = 0;
-#define CHECK(cond)                                                        \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                  \
-        }                                                                  \
-    } while (0)
 
 template <class F>
 static bool throws(F&& f) {

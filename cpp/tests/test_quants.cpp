@@ -14,20 +14,11 @@
 #include "bonsai/error.h"
 #include "bonsai/quants.h"
 #include "bonsai/types.h"
+#include "check.h"
 
 using namespace bonsai;
 
 namespace {
-
-int g_failures = 0;
-
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                        \
-        }                                                                        \
-    } while (0)
 
 const std::vector<GgmlType> kAllTypes = {TYPE_F32,   TYPE_F16,   TYPE_BF16,  TYPE_Q8_0,
                                          TYPE_Q4_0,  TYPE_TQ1_0, TYPE_TQ2_0, TYPE_Q2_0,

@@ -13,33 +13,9 @@
 #include "bonsai/unicode.h"
 #include "bonsai/vocab.h"
 #include "vocab_state.h"
+#include "check.h"
 
 using namespace bonsai;
-
-static int g_failures = 0;
-
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                        \
-        }                                                                        \
-    } while (0)
-
-static void check_throws(const std::function<void()>& f, const std::string& needle, int line) {
-    try {
-        f();
-    } catch (const Error& e) {
-        if (std::string(e.what()).find(needle) == std::string::npos) {
-            std::fprintf(stderr, "line %d: error \"%s\" does not mention \"%s\"\n", line, e.what(), needle.c_str());
-            ++g_failures;
-        }
-        return;
-    }
-    std::fprintf(stderr, "line %d: expected bonsai::Error mentioning \"%s\"\n", line, needle.c_str());
-    ++g_failures;
-}
-#define CHECK_THROWS(expr, needle) check_throws([&] { (void)(expr); }, needle, __LINE__)
 
 static std::vector<std::string> split(PreTokenizer pre, const std::string& text) {
     std::vector<std::string> out;
