@@ -30,7 +30,7 @@ from . import completion_format as fmt
 from .chat_template import ChatTemplate
 from .errors import BonsaiError
 from .text_stream import TextStream, normalize_stop
-from .vocab_facts import adds_bos, end_of_generation_ids, token_text
+from .vocab_facts import adds_bos, common_prefix_len, end_of_generation_ids, token_text
 
 try:
     from . import _core
@@ -56,15 +56,6 @@ def _check_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise BonsaiError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
     return float(value)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Llama:
@@ -269,7 +260,7 @@ class Llama:
     def _reuse_prefix(self, tokens: list[int]) -> int:
         """Keeps the KV cache of the longest common prefix with the evaluated tokens, leaving at
         least one token of `tokens` to evaluate; returns how many tokens were kept."""
-        keep = min(_common_prefix(self._input_ids.tolist(), tokens), len(tokens) - 1)
+        keep = min(common_prefix_len(self._input_ids.tolist(), tokens), len(tokens) - 1)
         self.n_tokens = self._n_reused = max(keep, 0)
         self._live().seq_rm(0, self.n_tokens, -1)
         return self.n_tokens

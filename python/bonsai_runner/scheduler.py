@@ -47,6 +47,7 @@ import numpy as np
 
 from .errors import BonsaiError
 from .text_stream import TextStream, normalize_stop
+from .vocab_facts import common_prefix_len
 
 __all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "InvalidRequestError", "QueueFullError"]
 
@@ -88,15 +89,6 @@ def _float_param(name: str, value: Any, lo: float, hi: float, lo_open: bool = Fa
     if not (lo < v if lo_open else lo <= v) or not v <= hi:
         raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}", name)
     return v
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class GenerationRequest:
@@ -371,11 +363,11 @@ class Scheduler:
         prompt = req.prompt_tokens
         limit = len(prompt) - 1  # the last prompt token is always evaluated (fresh logits)
         if self.cache_prompt:
-            own = [(min(_common_prefix(s.cached, prompt), limit), -s.last_used, s) for s in free]
+            own = [(min(common_prefix_len(s.cached, prompt), limit), -s.last_used, s) for s in free]
             n_own, _, slot = max(own, key=lambda t: (t[0], t[1]))
             if n_own == 0:  # nothing to reuse here: take the free slot holding the least cache
                 slot = min(free, key=lambda s: (len(s.cached), s.last_used))
-            donors = [(min(_common_prefix(s.cached, prompt), limit), s) for s in self._slots if s is not slot]
+            donors = [(min(common_prefix_len(s.cached, prompt), limit), s) for s in self._slots if s is not slot]
             n_donor, donor = max(donors, key=lambda t: t[0], default=(0, None))
             if donor is not None and n_donor > n_own:
                 self._ctx.seq_rm(slot.seq, -1, -1)

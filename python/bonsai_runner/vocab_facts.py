@@ -6,11 +6,12 @@
 - `adds_bos`: whether tokenizing with special tokens prepends BOS (probed on the real tokenizer, so
   it agrees with `tokenizer.ggml.add_bos_token` and the tokenizer's defaults).
 - `token_text`: the written form of a special token, as chat templates expect for bos/eos_token.
+- `common_prefix_len`: how many leading tokens two sequences share (prompt-prefix reuse).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -62,3 +63,13 @@ def token_text(metadata: Mapping[str, Any], token: int, piece: Callable[[int], b
     if isinstance(names, (list, tuple)) and token < len(names) and isinstance(names[token], str):
         return names[token]
     return piece(token).decode("utf-8", errors="ignore")
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens two sequences share (the KV that prompt reuse can keep)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
