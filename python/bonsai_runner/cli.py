@@ -16,6 +16,9 @@ COMMANDS = {
     "convert": "convert",
     "inspect": "inspect_cmd",
     "quantize": "quantize",
+    "perplexity": "perplexity",
+    "compare": "compare",
+    "eval-prompts": "eval_prompts",
 }
 
 
