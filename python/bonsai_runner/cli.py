@@ -19,6 +19,7 @@ COMMANDS = {
     "perplexity": "perplexity",
     "compare": "compare",
     "eval-prompts": "eval_prompts",
+    "demo": "demo",
 }
 
 
