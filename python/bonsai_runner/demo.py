@@ -7,9 +7,13 @@
    the dequantized weights, so the F16 file *is* the reference everything is measured against);
 3. quantizer input: a Hugging Face directory (export_hf.py writes it from the F16 GGUF; the tiny
    model is generated in that layout already);
-4. quantize to PTQ1_0 with the built-in calibration set and sensitivity analysis (fewer samples
-   and shorter sequences than a full run, so the demo stays short), which prints the fallback
-   table; then the file sizes and the engine's memory figures (weights, KV cache, compute);
+4. quantize to PTQ1_0 with the built-in calibration set (fewer samples and shorter sequences than
+   a full run), which prints the fallback table; then the file sizes and the engine's memory
+   figures (weights, KV cache, compute). Sensitivity analysis (INT8 fallback of layers under the
+   cosine threshold, held-out loss per block) is on for --tiny and opt-in for the real model:
+   each fallback quantizes the layer twice, which on 2 CPU cores roughly doubles the run;
+   without it the per-tensor cosines are still measured and stored, so `compare` can still
+   rank the tensors to promote;
 5. `bonsai compare` of the PTQ1_0 file against the F16 reference (PPL, KL, same-top, the gates);
 6. one chat prompt answered by the PTQ1_0 model through `bonsai_runner.Llama`.
 Intermediate files of the real model (F16 GGUF, HF export) are kept in the cache directory and
@@ -38,6 +42,7 @@ class DemoOptions:
     max_samples: Optional[int] = None      # calibration sequences (default: 12 real, 8 tiny)
     seq_len: Optional[int] = None          # calibration sequence length (default: 256 real, 64 tiny)
     chunks: Optional[int] = None           # compare chunks (default: 4 real, 6 tiny)
+    sensitivity: Optional[bool] = None     # --sensitivity-analysis (default: tiny only)
     threads: int = 0
 
 
@@ -115,11 +120,12 @@ def _run(opts: DemoOptions, cache: Path, log) -> dict:
                           "sensitivity loss)")
     out_dir = work / "ptq1"
     q = work / f"{f16.stem.replace('-f16', '')}-ptq1_0.gguf"
+    sens = opts.tiny if opts.sensitivity is None else opts.sensitivity
     step(f"quantize to PTQ1_0 with the built-in calibration set ({samples} sequences of up to "
-         f"{seq_len} tokens, sensitivity analysis on), then convert to {q}")
+         f"{seq_len} tokens, sensitivity analysis {'on' if sens else 'off'}), then convert to {q}")
     res = quantize_model(QuantizeOptions(model_dir=str(hf), output_dir=str(out_dir),
                                          outfile=str(q), max_samples=samples, seq_len=seq_len,
-                                         sensitivity=True, force=True, progress=True), log=log)
+                                         sensitivity=sens, force=True, progress=True), log=log)
     step("sizes and memory")
     sizes = _report_sizes(source, f16, q, res, log)
     step(f"bonsai compare: PTQ1_0 against the F16 reference ({chunks} chunks of {ctx} tokens of "

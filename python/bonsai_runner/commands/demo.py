@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="calibration sequence length (default 256; tiny 64)")
     p.add_argument("--chunks", type=int, default=None,
                    help="evaluation chunks for the comparison (default 4; tiny 6)")
+    p.add_argument("--sensitivity-analysis", action=argparse.BooleanOptionalAction, default=None,
+                   help="INT8 fallback below the cosine threshold + held-out loss (default: on "
+                   "with --tiny, off for the real model, where it doubles the quantization time)")
     p.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: all)")
 
 
@@ -37,5 +40,6 @@ def run(args: argparse.Namespace) -> int:
     from ..demo import DemoOptions, run_demo
 
     run_demo(DemoOptions(tiny=args.tiny, cache=args.cache, max_samples=args.max_samples,
-                         seq_len=args.seq_len, chunks=args.chunks, threads=args.threads))
+                         seq_len=args.seq_len, chunks=args.chunks, threads=args.threads,
+                         sensitivity=args.sensitivity_analysis))
     return 0
