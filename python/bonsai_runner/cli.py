@@ -13,11 +13,15 @@ import sys
 
 # Sub-command name -> module under bonsai_runner.commands (imported only when used).
 COMMANDS = {
-    "bench": "bench",
+    "demo": "demo",
     "convert": "convert",
+    "quantize": "quantize",
     "inspect": "inspect_cmd",
     "plan": "plan",
-    "quantize": "quantize",
+    "perplexity": "perplexity",
+    "compare": "compare",
+    "eval-prompts": "eval_prompts",
+    "bench": "bench",
     "serve": "serve",
 }
 
@@ -30,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bonsai",
         description="bonsai-runner: quantize models to ternary PTQ1_0, convert them to one GGUF "
-        "file, inspect and run them.",
+        "file, plan, inspect, evaluate, benchmark and serve them.",
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
