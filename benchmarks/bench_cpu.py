@@ -359,7 +359,7 @@ def main(argv=None) -> int:
           f"({os.cpu_count()} CPUs); t/s = median ± sample sd over {args.reps} runs, best t/s "
           "= the fastest run")
     print(f"\nroofline of generation: weight bytes per token / {bandwidth / 1e9:.1f} GB/s "
-          f"(numpy read probe, best of before/after: "
+          f"(C++ read probe, best of before/after: "
           f"{' / '.join(f'{b / 1e9:.1f}' for b in probes)} GB/s)")
     for line in roofline_lines(facts, bandwidth, results, tg):
         print("  " + line)

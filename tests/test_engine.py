@@ -106,6 +106,7 @@ def _kl(p_logits, q_logits):
 # there the KL bound holds (<= 2e-4 over seeds) and top-1 (>= 0.945 over seeds) is held to 93%.
 @pytest.mark.parametrize("arch,wtype,tied,min_top1", [
     ("llama", "Q8_0", True, 0.99), ("qwen2", "F16", True, 0.99), ("qwen3", "Q8_0", True, 0.99),
+    ("llama", "TQ2_0", True, 0.99), ("qwen2", "TQ1_0", True, 0.99), ("qwen3", "TQ2_0", True, 0.99),
     ("llama", "TQ1_0", False, 0.93), ("qwen2", "TQ2_0", False, 0.93), ("qwen3", "TQ1_0", False, 0.93)])
 def test_int8_mode_agrees_with_reference(model_dir, arch, wtype, tied, min_top1):
     cfg, _, m = get_model(model_dir, arch, wtype, tied, "F16" if wtype != "Q8_0" else wtype)
