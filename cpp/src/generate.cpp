@@ -53,6 +53,14 @@ std::string read_prompt_file(const std::string& path) {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+std::shared_ptr<const Model> load_model_for_run(const RunOptions& o) {
+    ModelParams mp;
+    mp.use_mmap = o.use_mmap;
+    mp.n_gpu_layers = 0;
+    mp.tokenizer_path = o.tokenizer;
+    return Model::load(o.model, mp);
+}
+
 SamplingParams sampling_from(const RunOptions& o) {
     SamplingParams p;
     p.temp = o.temp;
@@ -246,11 +254,7 @@ int run_generate(const RunOptions& o) {
 
     Timing timing;
     const auto t_load = Clock::now();
-    ModelParams mp;
-    mp.use_mmap = o.use_mmap;
-    mp.n_gpu_layers = 0;
-    mp.tokenizer_path = o.tokenizer;
-    std::shared_ptr<const Model> model = Model::load(o.model, mp);
+    std::shared_ptr<const Model> model = load_model_for_run(o);
     ContextParams cp;
     cp.n_ctx = o.ctx_size > 0 ? o.ctx_size : static_cast<int>(model->hparams().n_ctx_train);
     cp.n_batch = o.batch_size;

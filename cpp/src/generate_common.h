@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@ namespace bonsai {
 
 // The whole file as bytes; throws bonsai::Error naming the path when it cannot be read.
 std::string read_prompt_file(const std::string& path);
+// The model of --model with the load-time options (mmap, --tokenizer); the engine runs on the CPU.
+std::shared_ptr<const Model> load_model_for_run(const RunOptions& o);
 // Sampling parameters of the options, validated (throws bonsai::Error on a bad value).
 SamplingParams sampling_from(const RunOptions& o);
 // Token ids that end a generation: EOS plus the end-of-turn control tokens the vocabulary has.

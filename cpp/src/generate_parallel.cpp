@@ -319,11 +319,7 @@ int run_generate_parallel(const RunOptions& o) {
     std::vector<PromptSeq> seqs = read_prompt_lines(o.prompt_file);
 
     const auto t_load = Clock::now();
-    ModelParams mp;
-    mp.use_mmap = o.use_mmap;
-    mp.n_gpu_layers = 0;
-    mp.tokenizer_path = o.tokenizer;
-    std::shared_ptr<const Model> model = Model::load(o.model, mp);
+    std::shared_ptr<const Model> model = load_model_for_run(o);
     const int64_t slot_ctx = o.ctx_size > 0 ? o.ctx_size : model->hparams().n_ctx_train;
     if (slot_ctx <= 0) throw Error("the model has no training context length; give --ctx-size");
     const int n_slots = static_cast<int>(std::min<size_t>(static_cast<size_t>(o.parallel), seqs.size()));
