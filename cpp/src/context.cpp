@@ -3,14 +3,21 @@
 // Compute buffer layout (one float vector, sized for n_batch tokens):
 //   x [nb, n_embd] | cur [nb, n_embd] | q [nb, n_embd_q] | k, v [nb, n_embd_kv] | attn [nb, n_embd_q]
 //   | gate, up [nb, n_ff] | rope table [nb, n_rot] | attention scratch [n_threads, per-thread size]
+// When every layer runs on the GPU only x (the gathered embeddings) and the rope table remain on
+// the host. With GPU layers the host KV cache holds only the CPU layers (first_layer = n_gpu) and
+// the device memory comes from one allocation per context (bonsai/cuda/gpu_backend.h).
 #include "bonsai/context.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <unordered_map>
 
 #include "arch/arch.h"
+#ifdef BONSAI_CUDA
+#include "bonsai/cuda/gpu_backend.h"
+#endif
 #include "bonsai/error.h"
 #include "sys_memory.h"
 
@@ -28,8 +35,15 @@ struct ComputeLayout {
     size_t x, cur, q, k, v, attn, gate, up, rope, scratch, per_thread, total;
 };
 
-ComputeLayout compute_layout(const Hparams& hp, int64_t nb, int64_t n_cells, int n_threads) {
+ComputeLayout compute_layout(const Hparams& hp, int64_t nb, int64_t n_cells, int n_threads, bool all_gpu) {
     ComputeLayout l{};
+    if (all_gpu) {  // the host only gathers embeddings and builds the rope table
+        l.x = 0;
+        l.rope = nb * hp.n_embd;
+        l.total = l.rope + nb * hp.n_rot;
+        l.cur = l.q = l.k = l.v = l.attn = l.gate = l.up = l.scratch = l.total;
+        return l;
+    }
     size_t off = 0;
     auto take = [&](size_t n) {
         const size_t at = off;
@@ -61,10 +75,12 @@ void validate_params(const ContextParams& p) {
     if (p.n_threads < 0) throw Error("n_threads must be >= 0 (0 = all cores), got " + std::to_string(p.n_threads));
 }
 
-KvCacheParams kv_params(const Hparams& hp, const ContextParams& p) {
+KvCacheParams kv_params(const Model& m, const ContextParams& p) {
+    const Hparams& hp = m.hparams();
     KvCacheParams k;
     k.n_cells = p.n_ctx;
     k.n_layer = hp.n_layer;
+    k.first_layer = m.n_gpu_layers();
     k.n_embd_kv = hp.n_embd_kv();
     k.head_dim = hp.head_dim;
     k.type_k = p.type_k;
@@ -79,9 +95,21 @@ ContextMemory Context::plan_memory(const Model& model, const ContextParams& para
     const Hparams& hp = model.hparams();
     const int64_t nb = std::min(params.n_batch, params.n_ctx);
     ContextMemory m;
-    m.kv_bytes = KvCache::bytes_needed(kv_params(hp, params));
-    m.compute_bytes = compute_layout(hp, nb, params.n_ctx, resolve_threads(params.n_threads)).total * sizeof(float);
+    m.kv_bytes = KvCache::bytes_needed(kv_params(model, params));
+    m.compute_bytes = compute_layout(hp, nb, params.n_ctx, resolve_threads(params.n_threads), model.gpu_output())
+                          .total * sizeof(float);
     m.logits_bytes = static_cast<uint64_t>(params.n_seq_max) * hp.n_vocab * sizeof(float);
+#ifdef BONSAI_CUDA
+    if (model.n_gpu_layers() > 0) {
+        ContextParams p = params;
+        p.n_batch = static_cast<int>(nb);
+        const GpuContextMemory g = gpu_context_plan(model, p);
+        m.gpu_kv_bytes = g.kv_bytes;
+        m.gpu_compute_bytes = g.compute_bytes;
+        m.gpu_logits_bytes = g.logits_bytes;
+        m.gpu_allocated_bytes = g.allocated_bytes;
+    }
+#endif
     return m;
 }
 
@@ -98,10 +126,23 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams& params
                     format_bytes(need.compute_bytes) + ") but only " + format_bytes(avail) +
                     " of memory is available; use a smaller --ctx-size or --cache-type-k/v q8_0");
     }
+#ifdef BONSAI_CUDA
+    if (model_->gpu()) {  // first, so that a request the GPU cannot hold allocates nothing on the host
+        gpu_ = gpu_context_create(*model_, params_);
+        if (model_->params().verbose) {
+            const GpuContextMemory g = gpu_context_memory(*gpu_);
+            std::fprintf(stderr, "context: GPU KV cache %.1f MiB, compute %.1f MiB, logits %.1f MiB (one allocation of "
+                         "%.1f MiB); CPU KV cache %.1f MiB, compute %.1f MiB\n", g.kv_bytes / 1048576.0,
+                         g.compute_bytes / 1048576.0, g.logits_bytes / 1048576.0, g.allocated_bytes / 1048576.0,
+                         need.kv_bytes / 1048576.0, need.compute_bytes / 1048576.0);
+        }
+    }
+#endif
     const int n_threads = resolve_threads(params_.n_threads);
     pool_ = std::make_unique<ThreadPool>(n_threads);
-    kv_ = std::make_unique<KvCache>(kv_params(model_->hparams(), params_));
-    const ComputeLayout l = compute_layout(model_->hparams(), params_.n_batch, params_.n_ctx, n_threads);
+    kv_ = std::make_unique<KvCache>(kv_params(*model_, params_));
+    const ComputeLayout l =
+        compute_layout(model_->hparams(), params_.n_batch, params_.n_ctx, n_threads, model_->gpu_output());
     compute_.assign(l.total, 0.0f);
     attn_scratch_per_thread_ = l.per_thread;
     logits_.reserve(static_cast<size_t>(params_.n_seq_max) * model_->hparams().n_vocab);
@@ -190,7 +231,7 @@ void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const s
         masks[i] = uint64_t{1} << batch.seq_id[begin + i];
         if (out_index_[begin + i] >= 0) out_rows.push_back(static_cast<int32_t>(i));
     }
-    const ComputeLayout l = compute_layout(hp, params_.n_batch, params_.n_ctx, pool_->size());
+    const ComputeLayout l = compute_layout(hp, params_.n_batch, params_.n_ctx, pool_->size(), model_->gpu_output());
     float* base = compute_.data();
 
     ForwardState st;
@@ -217,6 +258,7 @@ void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const s
     st.rope_cs = base + l.rope;
     st.attn_scratch = base + l.scratch;
     st.attn_scratch_per_thread = l.per_thread;
+    st.gpu = gpu_.get();
     model_->arch().forward(*model_, st);
 }
 
@@ -268,6 +310,15 @@ ContextMemory Context::memory_report() const {
     m.kv_bytes = kv_->bytes();
     m.compute_bytes = compute_.size() * sizeof(float);
     m.logits_bytes = logits_.capacity() * sizeof(float);
+#ifdef BONSAI_CUDA
+    if (gpu_) {
+        const GpuContextMemory g = gpu_context_memory(*gpu_);
+        m.gpu_kv_bytes = g.kv_bytes;
+        m.gpu_compute_bytes = g.compute_bytes;
+        m.gpu_logits_bytes = g.logits_bytes;
+        m.gpu_allocated_bytes = g.allocated_bytes;
+    }
+#endif
     return m;
 }
 

@@ -56,7 +56,7 @@ std::string read_prompt_file(const std::string& path) {
 std::shared_ptr<const Model> load_model_for_run(const RunOptions& o) {
     ModelParams mp;
     mp.use_mmap = o.use_mmap;
-    mp.n_gpu_layers = 0;
+    mp.n_gpu_layers = o.n_gpu_layers;
     mp.tokenizer_path = o.tokenizer;
     return Model::load(o.model, mp);
 }
@@ -177,6 +177,15 @@ void print_load_report(const Model& m, const Context& ctx, const RunOptions& o) 
                  format_bytes(mm.weights_bytes).c_str(), mm.mapped ? "mapped" : "read into memory", types.c_str(),
                  format_bytes(cm.kv_bytes).c_str(), ctx.n_ctx(), type_traits(ctx.params().type_k)->name,
                  type_traits(ctx.params().type_v)->name, format_bytes(cm.compute_bytes + cm.logits_bytes).c_str());
+    if (mm.n_gpu_layers > 0) {
+        std::string gtypes;
+        for (const auto& [name, bytes] : mm.gpu_bytes_by_type) gtypes += " " + name + " " + format_bytes(bytes) + ",";
+        if (!gtypes.empty()) gtypes.pop_back();
+        std::fprintf(stderr, "memory (GPU): weights %s (%d layers%s;%s), KV cache %s, compute buffers %s, logits %s\n",
+                     format_bytes(mm.gpu_weights_bytes).c_str(), mm.n_gpu_layers,
+                     mm.gpu_output ? " + output head" : "", gtypes.c_str(), format_bytes(cm.gpu_kv_bytes).c_str(),
+                     format_bytes(cm.gpu_compute_bytes).c_str(), format_bytes(cm.gpu_logits_bytes).c_str());
+    }
     std::fprintf(stderr, "threads: %d, batch size %d%s\n", ctx.n_threads(), ctx.params().n_batch,
                  ctx.params().flash_attn ? ", flash attention" : "");
 }
@@ -246,10 +255,7 @@ int run_generate(const RunOptions& o) {
         if (prompt.empty()) throw Error("the prompt is empty; give some text with -p or -f");
     }
 #ifndef BONSAI_CUDA
-    if (o.n_gpu_layers > 0 || o.cuda_graph) {
-        std::fprintf(stderr, "note: this build has no CUDA backend; --n-gpu-layers/--cuda-graph are ignored "
-                     "and every layer runs on the CPU\n");
-    }
+    if (o.cuda_graph) std::fprintf(stderr, "note: this build has no CUDA backend; --cuda-graph is ignored\n");
 #endif
 
     Timing timing;

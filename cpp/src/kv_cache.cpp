@@ -28,20 +28,20 @@ void check_type(const char* which, GgmlType t, int64_t head_dim) {
 uint64_t KvCache::bytes_needed(const KvCacheParams& p) {
     check_type("K", p.type_k, p.head_dim);
     check_type("V", p.type_v, p.head_dim);
-    const uint64_t rows = static_cast<uint64_t>(p.n_cells) * p.n_layer;
+    const uint64_t rows = static_cast<uint64_t>(p.n_cells) * (p.n_layer - p.first_layer);
     return rows * (type_row_bytes(p.type_k, p.n_embd_kv) + type_row_bytes(p.type_v, p.n_embd_kv));
 }
 
 KvCache::KvCache(const KvCacheParams& p) : p_(p) {
     if (p.n_cells <= 0 || p.n_layer <= 0 || p.n_embd_kv <= 0 || p.head_dim <= 0 ||
-        p.n_embd_kv % p.head_dim != 0) {
+        p.n_embd_kv % p.head_dim != 0 || p.first_layer < 0 || p.first_layer > p.n_layer) {
         throw Error("invalid KV cache shape: cells " + std::to_string(p.n_cells) + ", layers " +
                     std::to_string(p.n_layer) + ", row " + std::to_string(p.n_embd_kv));
     }
     bytes_needed(p);
     k_row_bytes_ = type_row_bytes(p.type_k, p.n_embd_kv);
     v_row_bytes_ = type_row_bytes(p.type_v, p.n_embd_kv);
-    const size_t rows = static_cast<size_t>(p.n_cells) * p.n_layer;
+    const size_t rows = static_cast<size_t>(p.n_cells) * (p.n_layer - p.first_layer);
     k_.assign(rows * k_row_bytes_, 0);
     v_.assign(rows * v_row_bytes_, 0);
     pos_.assign(p.n_cells, -1);

@@ -6,6 +6,10 @@
 #include <sstream>
 
 #include "arch/arch.h"
+#ifdef BONSAI_CUDA
+#include "bonsai/cuda/dequantize.h"
+#include "bonsai/cuda/gpu_backend.h"
+#endif
 #include "bonsai/error.h"
 #include "bonsai/gguf.h"
 #include "bonsai/quants.h"
@@ -104,7 +108,8 @@ Model::~Model() = default;
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelParams& params) {
     std::shared_ptr<Model> m(new Model());
     m->params_ = params;
-    if (params.n_gpu_layers < 0) throw Error("n_gpu_layers must be >= 0, got " + std::to_string(params.n_gpu_layers));
+    if (params.n_gpu_layers < -1)
+        throw Error("n_gpu_layers must be >= -1 (-1 = all layers), got " + std::to_string(params.n_gpu_layers));
     m->gguf_ = GgufFile::open(path, params.use_mmap);
     const GgufFile& f = *m->gguf_;
 
@@ -146,14 +151,36 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelPar
         override_vocab->check_replaces(*m->vocab_, hp.n_vocab);
         m->vocab_ = std::move(override_vocab);
     }
+    m->offload(params);
     if (params.verbose) {
-        std::fprintf(stderr, "%s: %s, %lld layers, vocab %lld\n%s", path.c_str(), hp.arch.c_str(),
-                     static_cast<long long>(hp.n_layer), static_cast<long long>(hp.n_vocab), m->layer_table().c_str());
-        if (params.n_gpu_layers > 0) {
-            std::fprintf(stderr, "note: this build has no CUDA backend; every layer runs on the CPU\n");
-        }
+        std::fprintf(stderr, "%s: %s, %lld layers, vocab %lld\n%s%s", path.c_str(), hp.arch.c_str(),
+                     static_cast<long long>(hp.n_layer), static_cast<long long>(hp.n_vocab), m->layer_table().c_str(),
+                     m->memory_table().c_str());
     }
     return m;
+}
+
+// Offload policy: n_gpu_layers -1 or above n_layer means every layer. Without a CUDA backend or
+// without a device, a positive request runs everything on the CPU after one note on stderr (as
+// llama.cpp does), so the same command line works on every machine.
+void Model::offload(const ModelParams& params) {
+    const int64_t want = params.n_gpu_layers < 0 || params.n_gpu_layers > hp_.n_layer ? hp_.n_layer
+                                                                                       : params.n_gpu_layers;
+    if (want == 0) return;
+#ifdef BONSAI_CUDA
+    if (cuda_device_count() == 0) {
+        if (params.n_gpu_layers > 0)
+            std::fprintf(stderr, "note: no CUDA device is available; n_gpu_layers = %d is ignored and every "
+                         "layer runs on the CPU\n", params.n_gpu_layers);
+        return;
+    }
+    gpu_ = gpu_model_upload(*this, static_cast<int>(want), want == hp_.n_layer);
+    n_gpu_layers_ = static_cast<int>(want);
+#else
+    if (params.n_gpu_layers > 0)
+        std::fprintf(stderr, "note: this build has no CUDA backend (rebuild with -DBONSAI_CUDA=ON); "
+                     "n_gpu_layers = %d is ignored and every layer runs on the CPU\n", params.n_gpu_layers);
+#endif
 }
 
 ModelMemory Model::memory_report() const {
@@ -165,7 +192,38 @@ ModelMemory Model::memory_report() const {
     }
     r.file_bytes = gguf_->file_size();
     r.mapped = gguf_->mapping()->is_mapped();
+    r.n_gpu_layers = n_gpu_layers_;
+    r.gpu_output = gpu_output();
+#ifdef BONSAI_CUDA
+    if (gpu_) {
+        const GpuWeightsMemory g = gpu_model_memory(*gpu_);
+        r.gpu_weights_bytes = g.weights_bytes;
+        r.gpu_bytes_by_type = g.bytes_by_type;
+        r.gpu_allocated_bytes = g.allocated_bytes;
+    }
+#endif
     return r;
+}
+
+std::string Model::memory_table() const {
+    const ModelMemory r = memory_report();
+    std::ostringstream os;
+    char line[160];
+    std::snprintf(line, sizeof line, "weights: CPU %.1f MiB (%s)", static_cast<double>(r.weights_bytes) / 1048576.0,
+                  r.mapped ? "file mapping, every tensor" : "in memory, every tensor");
+    os << line;
+    if (r.n_gpu_layers > 0) {
+        std::snprintf(line, sizeof line, ", GPU %.1f MiB in one allocation of %.1f MiB:",
+                      static_cast<double>(r.gpu_weights_bytes) / 1048576.0,
+                      static_cast<double>(r.gpu_allocated_bytes) / 1048576.0);
+        os << line;
+        for (const auto& [name, bytes] : r.gpu_bytes_by_type) {
+            std::snprintf(line, sizeof line, " %s %.1f MiB", name.c_str(), static_cast<double>(bytes) / 1048576.0);
+            os << line;
+        }
+    }
+    os << "\n";
+    return os.str();
 }
 
 std::string Model::layer_table() const {
@@ -175,12 +233,12 @@ std::string Model::layer_table() const {
     for (size_t il = 0; il < layers_.size(); ++il) {
         const LayerWeights& w = layers_[il];
         char head[32];
-        std::snprintf(head, sizeof head, "layer %3zu: CPU", il);
+        std::snprintf(head, sizeof head, "layer %3zu: %s", il, static_cast<int64_t>(il) < n_gpu_layers_ ? "GPU" : "CPU");
         os << head << "  q " << tn(w.wq) << "  k " << tn(w.wk) << "  v " << tn(w.wv) << "  o "
            << tn(w.wo) << "  gate " << tn(w.w_gate) << "  up " << tn(w.w_up) << "  down "
            << tn(w.w_down) << "\n";
     }
-    os << "output: CPU " << tn(output_) << (hp_.tied_output ? " (tied to token_embd)" : "") << "\n";
+    os << "output: " << (gpu_output() ? "GPU " : "CPU ") << tn(output_) << (hp_.tied_output ? " (tied to token_embd)" : "") << "\n";
     return os.str();
 }
 

@@ -12,5 +12,6 @@ void bind_vocab(pybind11::module_& m);   // tokenizers
 void bind_ops(pybind11::module_& m);     // matmul / get_rows kernels, CPU paths
 void bind_model(pybind11::module_& m);   // Model, Context, Sampler
 void bind_bench(pybind11::module_& m);   // memory bandwidth probe
+void bind_cuda(pybind11::module_& m);    // CUDA device info and host-array CUDA ops (CUDA builds)
 
 }  // namespace bonsai_py

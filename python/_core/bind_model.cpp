@@ -111,6 +111,13 @@ py::dict model_memory(const bonsai::Model& m) {
     d["weights_by_type"] = by_type;
     d["file_bytes"] = r.file_bytes;
     d["mapped"] = r.mapped;
+    py::dict gpu_types;
+    for (const auto& [k, v] : r.gpu_bytes_by_type) gpu_types[py::str(k)] = v;
+    d["n_gpu_layers"] = r.n_gpu_layers;
+    d["gpu_output"] = r.gpu_output;
+    d["gpu_weights_bytes"] = r.gpu_weights_bytes;
+    d["gpu_weights_by_type"] = gpu_types;
+    d["gpu_allocated_bytes"] = r.gpu_allocated_bytes;
     return d;
 }
 
@@ -193,6 +200,8 @@ void bind_model(py::module_& m) {
         .def_property_readonly("n_embd", [](const PyModel& s) { return s.get().hparams().n_embd; })
         .def_property_readonly("n_layer", [](const PyModel& s) { return s.get().hparams().n_layer; })
         .def_property_readonly("arch", [](const PyModel& s) { return s.get().hparams().arch; })
+        .def_property_readonly("n_gpu_layers", [](const PyModel& s) { return s.get().n_gpu_layers(); },
+                               "Layers running on the GPU (the first ones); 0 without CUDA or a device.")
         .def_property_readonly("hparams", [](const PyModel& s) {
             const bonsai::Hparams& h = s.get().hparams();
             py::dict d;
@@ -273,6 +282,10 @@ void bind_model(py::module_& m) {
             d["kv_bytes"] = r.kv_bytes;
             d["compute_bytes"] = r.compute_bytes;
             d["logits_bytes"] = r.logits_bytes;
+            d["gpu_kv_bytes"] = r.gpu_kv_bytes;
+            d["gpu_compute_bytes"] = r.gpu_compute_bytes;
+            d["gpu_logits_bytes"] = r.gpu_logits_bytes;
+            d["gpu_allocated_bytes"] = r.gpu_allocated_bytes;
             return d;
         })
         .def("close", [](PyContext& s) {

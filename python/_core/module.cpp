@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
     bonsai_py::bind_ops(m);
     bonsai_py::bind_model(m);
     bonsai_py::bind_bench(m);
+    bonsai_py::bind_cuda(m);
 }

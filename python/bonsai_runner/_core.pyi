@@ -251,6 +251,11 @@ class Model:
     def n_embd(self) -> int:
         ...
     @property
+    def n_gpu_layers(self) -> int:
+        """
+        Layers running on the GPU (the first ones); 0 without CUDA or a device.
+        """
+    @property
     def n_layer(self) -> int:
         ...
     @property

@@ -13,12 +13,20 @@ CPU figures use the engine's own allocation formulas (they must agree with what
   logits    n_seq_max x n_vocab float32
   overhead  float32 copies of the 1-D tensors (exact) and the vocabulary tables (estimate)
 
-GPU figures are an estimate with the same accounting: the engine has no CUDA backend yet. The first
---n-gpu-layers blocks (and output_norm / output when all blocks are offloaded) hold their weights
-and KV cells on the GPU; its compute buffer is the same activation layout for nb tokens plus,
-without --flash-attn, the float32 attention score matrix n_head x nb x n_ctx; runtime overhead is
-a fixed allowance (--gpu-overhead, default 512 MiB: CUDA context, kernels, cuBLAS workspace). The
-token embedding stays on the CPU (one row is gathered per token).
+GPU figures are the CUDA backend's own allocations (cpp/backends/cuda/gpu_model.cu and
+gpu_context.cu; tests/test_cuda_engine.py compares them with the engine's report and with
+cudaMemGetInfo). The first --n-gpu-layers blocks (-1 = all) hold their matrices packed as stored
+and their 1-D tensors as float32 in one device allocation; when every block is offloaded,
+output_norm (float32) and the output head (a copy of token_embd when tied) join it. The token
+embedding and the rope table stay on the host. Per context, one more allocation of 256-byte
+aligned pieces: K and V of the GPU layers for n_ctx cells, then float32 x, cur [nb, n_embd], q,
+attn [nb, n_embd_q], k, v [nb, n_embd_kv], gate, up [nb, n_ff], rope [nb, n_rot], int8
+activations [nb * max(n_embd, n_embd_q, n_ff)] + scales [nb], token metadata (3 x int32 + uint64
+per token) and cell metadata (int32 + uint64 per cell); with the head on the GPU, logits for
+min(nb, 64) rows. There is no attention score matrix (one-pass online softmax). Runtime overhead
+is a fixed allowance (--gpu-overhead, default 512 MiB: CUDA context and kernels). The host keeps
+the KV cells of the CPU blocks only; with every block offloaded its compute buffer is the gathered
+embeddings and the rope table [nb, n_embd + n_rot].
 
 Decode ceiling: one decode step reads every weight matrix once (one row of token_embd; the tied
 output head reads all of it), the 1-D tensors, and the K/V rows of every cell in use; the time for
@@ -74,8 +82,8 @@ def check_params(d: ModelDesc, p: PlanParams) -> None:
         raise BonsaiError(f"--parallel must be between 1 and {MAX_SEQ}, got {p.n_parallel}")
     if p.n_threads < 0:
         raise BonsaiError(f"--threads must be >= 0 (0 = all cores), got {p.n_threads}")
-    if p.n_gpu_layers < 0:
-        raise BonsaiError(f"--n-gpu-layers must be >= 0, got {p.n_gpu_layers}")
+    if p.n_gpu_layers < -1:
+        raise BonsaiError(f"--n-gpu-layers must be >= -1 (-1 = all layers), got {p.n_gpu_layers}")
     for which, t in (("K", p.type_k), ("V", p.type_v)):
         if t.lower() not in KV_TYPES:
             raise BonsaiError(f"KV cache type {which} = {t} is not supported; use f16 or q8_0")
@@ -114,6 +122,34 @@ def logits_bytes(d: ModelDesc, n_seq: int) -> int:
     return 4 * n_seq * d.n_vocab
 
 
+GPU_ALIGN = 256
+GPU_LOGITS_ROWS = 64
+
+
+def _align(n: int) -> int:
+    return (n + GPU_ALIGN - 1) // GPU_ALIGN * GPU_ALIGN
+
+
+def gpu_context_bytes(d: ModelDesc, n_ctx: int, n_batch: int, type_k: str, type_v: str, n_gpu: int,
+                      output: bool) -> dict:
+    """The CUDA context allocation (cpp/backends/cuda/gpu_context.cu layout): kv, compute, logits."""
+    nb = min(n_batch, n_ctx)
+    pieces_kv = [n_gpu * n_ctx * type_info(type_k).row_bytes(d.n_embd_kv),
+                 n_gpu * n_ctx * type_info(type_v).row_bytes(d.n_embd_kv)]
+    pieces = [4 * nb * d.n_embd, 4 * nb * d.n_embd, 4 * nb * d.n_embd_q, 4 * nb * d.n_embd_q,
+              4 * nb * d.n_embd_kv, 4 * nb * d.n_embd_kv, 4 * nb * d.n_ff, 4 * nb * d.n_ff, 4 * nb * d.n_rot,
+              nb * max(d.n_embd, d.n_embd_q, d.n_ff), 4 * nb, 4 * nb, 4 * nb, 4 * nb, 8 * nb,
+              4 * n_ctx, 8 * n_ctx]
+    total = 0
+    for i, b in enumerate(pieces_kv + pieces):
+        total = (_align(total) if i else 0) + b
+        if i == len(pieces_kv) - 1:
+            kv = total
+    before_logits = _align(total)
+    logits = 4 * min(nb, GPU_LOGITS_ROWS) * d.n_vocab if output else 0
+    return {"kv_bytes": kv, "compute_bytes": before_logits - kv, "logits_bytes": logits}
+
+
 # ----- the plan -----
 
 def _gpu_holds(t, n_gpu: int, all_on_gpu: bool) -> bool:
@@ -122,7 +158,7 @@ def _gpu_holds(t, n_gpu: int, all_on_gpu: bool) -> bool:
     if t.role == ROLE_EMBD:
         return False
     if t.name == "rope_freqs.weight":
-        return n_gpu > 0
+        return False           # the rope table is built on the host
     return all_on_gpu          # output_norm, output
 
 
@@ -147,10 +183,15 @@ def _read_bytes(t) -> int:
     return t.nbytes
 
 
+def n_gpu_layers(d: ModelDesc, p: PlanParams) -> int:
+    """Offloaded blocks: -1 or more than n_layer means all (as the engine)."""
+    return d.n_layer if p.n_gpu_layers < 0 or p.n_gpu_layers > d.n_layer else p.n_gpu_layers
+
+
 def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dict[str, dict]:
     """Per device ("CPU", and "GPU" when --n-gpu-layers > 0): itemized bytes at context n_ctx."""
     n_ctx = p.n_ctx if n_ctx is None else n_ctx
-    n_gpu = min(p.n_gpu_layers, d.n_layer)
+    n_gpu = n_gpu_layers(d, p)
     all_on_gpu = n_gpu == d.n_layer
     threads = resolve_threads(p.n_threads)
     cpu = _device("CPU")
@@ -160,15 +201,16 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
     if n_gpu > 0:
         gpu = _device("GPU")
         gpu["n_layers"] = n_gpu
-        gpu["estimate"] = True
+        gpu["estimate"] = True        # the runtime allowance; the rest is the engine's layout
         devs["GPU"] = gpu
     for t in d.tensors:
         dev = gpu if gpu is not None and _gpu_holds(t, n_gpu, all_on_gpu) else cpu
-        _add_weight(dev, t)
+        # 1-D tensors live on the GPU as float32 copies
+        _add_weight(dev, t, 4 * t.n_elements if dev is gpu and t.role == ROLE_VECTOR else None)
         dev["read_per_token_bytes"] += _read_bytes(t)
-        if t.role == ROLE_VECTOR and dev is cpu:      # the engine's float32 copies at load
-            dev["overhead_items"]["1-D tensors as float32"] = (
-                dev["overhead_items"].get("1-D tensors as float32", 0) + 4 * t.n_elements)
+        if t.role == ROLE_VECTOR:                     # the engine's float32 copies at load (all)
+            cpu["overhead_items"]["1-D tensors as float32"] = (
+                cpu["overhead_items"].get("1-D tensors as float32", 0) + 4 * t.n_elements)
         if t.role == ROLE_EMBD and d.tied:
             head = gpu if gpu is not None and all_on_gpu else cpu
             if head is gpu:
@@ -180,14 +222,15 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
     if n_gpu < d.n_layer:
         cpu["compute_bytes"] = cpu_compute_bytes(d, n_ctx, p.n_batch, threads)
     else:
-        cpu["compute_bytes"] = 4 * nb * d.n_embd      # embedding rows staged for upload
+        cpu["compute_bytes"] = 4 * nb * (d.n_embd + d.n_rot)   # embeddings + rope table for upload
     vocab_text = d.vocab_text_bytes if d.vocab_text_bytes is not None else \
         VOCAB_TEXT_ESTIMATE * d.n_vocab
     cpu["overhead_items"]["vocabulary (estimate)"] = vocab_text + VOCAB_ENTRY_BYTES * d.n_vocab
     if gpu is not None:
-        gpu["kv_bytes"] = kv_bytes(d, n_ctx, p.type_k, p.type_v, n_gpu)
-        scores = 0 if p.flash_attn else d.n_head * nb * n_ctx
-        gpu["compute_bytes"] = 4 * (activation_floats(d, nb) + scores)
+        g = gpu_context_bytes(d, n_ctx, p.n_batch, p.type_k, p.type_v, n_gpu, all_on_gpu)
+        gpu["kv_bytes"] = g["kv_bytes"]
+        gpu["compute_bytes"] = g["compute_bytes"]
+        gpu["logits_bytes"] = g["logits_bytes"]
         gpu["overhead_items"]["runtime allowance (estimate)"] = p.gpu_overhead
     for dev in devs.values():
         dev["overhead_bytes"] = sum(dev["overhead_items"].values())
@@ -197,7 +240,7 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
 
 
 def budget_device(p: PlanParams) -> str:
-    return "GPU" if p.n_gpu_layers > 0 else "CPU"
+    return "GPU" if p.n_gpu_layers != 0 else "CPU"
 
 
 def largest_context(d: ModelDesc, p: PlanParams) -> int:
@@ -255,13 +298,13 @@ def make_plan(d: ModelDesc, p: PlanParams) -> dict:
         "settings": {"n_ctx": p.n_ctx, "n_batch": min(p.n_batch, p.n_ctx),
                      "n_parallel": p.n_parallel, "n_threads": resolve_threads(p.n_threads),
                      "type_k": p.type_k.lower(), "type_v": p.type_v.lower(),
-                     "n_gpu_layers": min(p.n_gpu_layers, d.n_layer), "flash_attn": p.flash_attn},
+                     "n_gpu_layers": n_gpu_layers(d, p), "flash_attn": p.flash_attn},
         "devices": devs,
         "notes": list(d.notes),
     }
     if "GPU" in devs:
-        plan["notes"].append("GPU figures are estimates: this build of the engine has no CUDA "
-                             "backend and runs every layer on the CPU")
+        plan["notes"].append("GPU weights, KV cache, compute buffers and logits are the CUDA "
+                             "backend's allocations; the runtime overhead is an allowance")
     if p.memory is not None:
         dev = budget_device(p)
         total = devs[dev]["total_bytes"]

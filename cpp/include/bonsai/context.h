@@ -53,10 +53,17 @@ struct Batch {
 };
 
 struct ContextMemory {
-    uint64_t kv_bytes = 0;       // K and V buffers
+    uint64_t kv_bytes = 0;       // K and V buffers (host; the layers that run on the CPU)
     uint64_t compute_bytes = 0;  // activation scratch for n_batch tokens + attention scratch
     uint64_t logits_bytes = 0;   // output buffer currently allocated
+    // Device memory of the offloaded layers (CUDA builds; one allocation, see gpu_backend.h).
+    uint64_t gpu_kv_bytes = 0;
+    uint64_t gpu_compute_bytes = 0;
+    uint64_t gpu_logits_bytes = 0;
+    uint64_t gpu_allocated_bytes = 0;  // gpu_kv + gpu_compute + gpu_logits
 };
+
+class GpuContext;
 
 class Context {
 public:
@@ -105,6 +112,7 @@ private:
     std::vector<float> logits_;
     std::vector<int32_t> out_index_;  // batch index -> output row, -1 if not flagged
     int64_t n_outputs_ = 0;
+    std::shared_ptr<GpuContext> gpu_;  // device KV + buffers when the model has GPU layers
 };
 
 }  // namespace bonsai

@@ -22,6 +22,8 @@ namespace bonsai {
 struct KvCacheParams {
     int64_t n_cells = 0;    // = context size in tokens, summed over sequences
     int64_t n_layer = 0;
+    int64_t first_layer = 0;  // rows are stored for layers [first_layer, n_layer) only (the layers
+                              // before it keep their K/V on the GPU); 0 = every layer
     int64_t n_embd_kv = 0;  // n_head_kv * head_dim
     int64_t head_dim = 0;
     GgmlType type_k = TYPE_F16;
@@ -61,10 +63,10 @@ public:
     // Converts one token's k and v rows (n_embd_kv floats each) into the cache types.
     void store(int64_t layer, int32_t cell, const float* k, const float* v);
     const uint8_t* k_row(int64_t layer, int64_t cell) const {
-        return k_.data() + (static_cast<size_t>(layer) * p_.n_cells + cell) * k_row_bytes_;
+        return k_.data() + (static_cast<size_t>(layer - p_.first_layer) * p_.n_cells + cell) * k_row_bytes_;
     }
     const uint8_t* v_row(int64_t layer, int64_t cell) const {
-        return v_.data() + (static_cast<size_t>(layer) * p_.n_cells + cell) * v_row_bytes_;
+        return v_.data() + (static_cast<size_t>(layer - p_.first_layer) * p_.n_cells + cell) * v_row_bytes_;
     }
 
     // Sequence operations; p1 < 0 means "to the end", seq < 0 in seq_rm means every sequence.

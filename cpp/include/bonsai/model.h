@@ -28,10 +28,11 @@ namespace bonsai {
 class GgufFile;
 class Vocab;
 struct ArchSpec;
+class GpuModel;
 
 struct ModelParams {
     bool use_mmap = true;        // false: read the file into memory (--no-mmap)
-    int n_gpu_layers = 0;        // layers to offload; this build runs every layer on the CPU
+    int n_gpu_layers = 0;        // the first n layers run on the GPU (CUDA builds); -1 or > n_layer = all
     std::string tokenizer_path;  // SentencePiece tokenizer.model overriding the embedded vocabulary
     bool verbose = false;        // print the per-layer device / type table while loading
 };
@@ -75,6 +76,14 @@ struct ModelMemory {
     std::map<std::string, uint64_t> bytes_by_type;  // type name -> bytes
     uint64_t file_bytes = 0;
     bool mapped = true;                           // weights are in a file mapping (not a copy)
+    // GPU offload (CUDA builds): the first n_gpu_layers layers, and the output head when every
+    // layer is offloaded, also live in one device allocation. The file mapping above still holds
+    // every tensor on the host (offloaded pages are read once, for the upload).
+    int n_gpu_layers = 0;
+    bool gpu_output = false;
+    uint64_t gpu_weights_bytes = 0;                       // packed matrices + 1-D tensors as f32
+    std::map<std::string, uint64_t> gpu_bytes_by_type;    // type name -> device bytes
+    uint64_t gpu_allocated_bytes = 0;                     // the allocation (with 256-B alignment)
 };
 
 class Model {
@@ -96,13 +105,23 @@ public:
     const std::vector<float>& rope_freqs() const { return rope_freqs_; }  // empty if none
     const std::vector<LayerWeights>& layers() const { return layers_; }
 
+    // Layers [0, n_gpu_layers()) run on the GPU; 0 in CPU-only builds or without a device.
+    int n_gpu_layers() const { return n_gpu_layers_; }
+    // The output head runs on the GPU (every layer is offloaded).
+    bool gpu_output() const { return n_gpu_layers_ > 0 && n_gpu_layers_ == hp_.n_layer; }
+    const GpuModel* gpu() const { return gpu_.get(); }
+    std::shared_ptr<const GpuModel> gpu_ptr() const { return gpu_; }
+
     ModelMemory memory_report() const;
-    // One line per layer ("layer  3: CPU  attn_q Q8_0 ...") plus embedding/output lines.
+    // One line per layer ("layer  3: GPU  attn_q Q8_0 ...") plus embedding/output lines.
     std::string layer_table() const;
+    // One line: weight memory per device, by type on the GPU.
+    std::string memory_table() const;
 
 private:
     Model() = default;
     friend class ModelLoader;
+    void offload(const ModelParams& params);  // uploads the first layers to the GPU (CUDA builds)
 
     ModelParams params_;
     Hparams hp_;
@@ -113,6 +132,8 @@ private:
     std::vector<float> output_norm_, rope_freqs_;
     std::vector<LayerWeights> layers_;
     std::vector<std::pair<GgmlType, uint64_t>> used_tensors_;  // type and bytes of every tensor read
+    int n_gpu_layers_ = 0;
+    std::shared_ptr<const GpuModel> gpu_;  // device weights (CUDA builds with offloaded layers)
 };
 
 }  // namespace bonsai

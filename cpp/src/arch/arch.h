@@ -18,6 +18,7 @@
 namespace bonsai {
 
 class ModelLoader;
+class GpuContext;
 
 // One chunk of a batch (at most n_batch tokens) and the scratch buffers it runs in. All buffers
 // are owned by the Context and sized for n_batch tokens when it is created.
@@ -47,6 +48,7 @@ struct ForwardState {
     float* rope_cs = nullptr;  // [n, n_rot] cos/sin table
     float* attn_scratch = nullptr;
     size_t attn_scratch_per_thread = 0;
+    GpuContext* gpu = nullptr;  // device state when the model has GPU layers (CUDA builds)
 };
 
 struct ArchSpec {

@@ -2,6 +2,7 @@
 // (adjacent-pair) layout — the converter permutes the q/k rows from Hugging Face's rotate_half
 // order, as llama.cpp's does — grouped-query attention, SwiGLU feed-forward, optional rope_freqs
 // (llama3 frequency factors) and an optional tied output head.
+#include "../forward_gpu.h"
 #include "../model_loader.h"
 #include "arch.h"
 
@@ -20,13 +21,13 @@ void llama_layer(ModelLoader& ld, const Hparams& hp, int64_t il, LayerWeights& w
 
 void llama_forward(const Model& m, ForwardState& st) {
     begin_forward(m, st);
-    for (int64_t il = 0; il < m.hparams().n_layer; ++il) {
+    for (int64_t il = forward_gpu(m, st); il < m.hparams().n_layer; ++il) {
         const LayerWeights& w = m.layers()[il];
         project_qkv(m, w, st);
         attend(m, w, il, st);
         ffn_swiglu(m, w, st);
     }
-    output_logits(m, st);
+    if (!gpu_did_output(m, st)) output_logits(m, st);
 }
 
 }  // namespace

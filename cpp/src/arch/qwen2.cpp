@@ -1,5 +1,6 @@
 // qwen2 (Qwen1.5/2/2.5): the llama block with biases on the q, k and v projections and rotary
 // positions in the NEOX (rotate-half) layout, which the Hugging Face weights use unpermuted.
+#include "../forward_gpu.h"
 #include "../model_loader.h"
 #include "arch.h"
 
@@ -23,7 +24,7 @@ void qwen2_layer(ModelLoader& ld, const Hparams& hp, int64_t il, LayerWeights& w
 void qwen2_forward(const Model& m, ForwardState& st) {
     const Hparams& hp = m.hparams();
     begin_forward(m, st);
-    for (int64_t il = 0; il < hp.n_layer; ++il) {
+    for (int64_t il = forward_gpu(m, st); il < hp.n_layer; ++il) {
         const LayerWeights& w = m.layers()[il];
         project_qkv(m, w, st);
         add_bias(st.q, w.bq.data(), st.n_tokens, hp.n_embd_q());
@@ -32,7 +33,7 @@ void qwen2_forward(const Model& m, ForwardState& st) {
         attend(m, w, il, st);
         ffn_swiglu(m, w, st);
     }
-    output_logits(m, st);
+    if (!gpu_did_output(m, st)) output_logits(m, st);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // (attention.key_length, which need not be n_embd / n_head) and an RMSNorm over each head of q and
 // k (attn_q_norm / attn_k_norm, one weight vector of head_dim shared by all heads) applied after the
 // projections and before the rotation. No q/k/v biases.
+#include "../forward_gpu.h"
 #include "../model_loader.h"
 #include "arch.h"
 
@@ -24,7 +25,7 @@ void qwen3_layer(ModelLoader& ld, const Hparams& hp, int64_t il, LayerWeights& w
 void qwen3_forward(const Model& m, ForwardState& st) {
     const Hparams& hp = m.hparams();
     begin_forward(m, st);
-    for (int64_t il = 0; il < hp.n_layer; ++il) {
+    for (int64_t il = forward_gpu(m, st); il < hp.n_layer; ++il) {
         const LayerWeights& w = m.layers()[il];
         project_qkv(m, w, st);
         rms_norm(st.q, w.q_norm.data(), st.n_tokens * hp.n_head, hp.head_dim, hp.rms_eps, st.q);
@@ -32,7 +33,7 @@ void qwen3_forward(const Model& m, ForwardState& st) {
         attend(m, w, il, st);
         ffn_swiglu(m, w, st);
     }
-    output_logits(m, st);
+    if (!gpu_did_output(m, st)) output_logits(m, st);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@ Input is a GGUF file (planned with the types it holds), a Hugging Face directory
 with a scheme (the quantizer's PTQ1_0 default policy, --target-bpw B, or --outtype TYPE), or
 --preset 27b (SPEC's reference model: llama, 60 layers, hidden 5120, vocab 32000, 40 heads of 128
 over 8 KV heads, FFN 24576 - 26.75 B parameters). CPU figures use the engine's own allocation
-formulas; GPU figures are an estimate with the same accounting (this build has no CUDA backend).
+formulas; GPU figures are the CUDA backend's allocations plus a runtime allowance.
 --ctx-size is the context of EACH sequence, as in `bonsai serve` and `bonsai_run --parallel`:
 the KV cache holds ctx-size x parallel cells.
 
@@ -18,12 +18,12 @@ worked example - the 27B (default policy: 11.9 GiB of weights, 3.68 bpw over the
 on a 24 GB, 1008 GB/s card, all layers on the GPU (GPU total, largest context, decode ceiling):
   $ bonsai plan --preset 27b -ngl 99 --memory 24GB --bandwidth 1008GB/s -c 16384 -ctk f16 -ctv f16
      KV    ctx    KV cache    GPU total   largest ctx   ceiling
-     f16   8192    1.88 GiB   14.76 GiB      33067      69.5 t/s
-     f16   16384   3.75 GiB   17.26 GiB      33067      61.1 t/s
-     q8_0  8192    1.00 GiB   13.88 GiB      50995      74.4 t/s
-     q8_0  16384   1.99 GiB   15.50 GiB      50995      68.9 t/s
-  all-ternary (--outtype ptq1_0, 6.0 GiB) at 16K f16: 11.33 GiB, ceiling 99.4 t/s;
-  --flash-attn drops the 1.25 GiB attention-score buffer at 16K. Full output: docs/plan.md.
+     f16   8192    1.88 GiB   14.15 GiB      44003      69.5 t/s
+     f16   16384   3.75 GiB   16.03 GiB      44003      61.1 t/s
+     q8_0  8192    1.00 GiB   13.28 GiB      82825      74.4 t/s
+     q8_0  16384   1.99 GiB   14.27 GiB      82825      68.9 t/s
+  all-ternary (--outtype ptq1_0, 6.0 GiB) at 16K f16: 10.10 GiB, ceiling 99.4 t/s;
+  the CUDA backend keeps no attention-score buffer (online softmax). Full output: docs/plan.md.
 """
 
 from __future__ import annotations

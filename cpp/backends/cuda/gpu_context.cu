@@ -1,0 +1,102 @@
+// The per-Context device allocation (GpuContext): KV cache of the offloaded layers and every GPU
+// compute buffer, for n_ctx cells and nb = n_batch tokens per chunk.
+//
+// Layout, each piece 256-byte aligned, in this order:
+//   KV      K [n_gpu][n_ctx][row_bytes(type_k, n_embd_kv)], V likewise (the host cache layout)
+//   compute x, cur [nb, n_embd] | q, attn [nb, n_embd_q] | k, v [nb, n_embd_kv] | gate, up
+//           [nb, n_ff] | rope table [nb, n_rot] | int8 activations [nb * max(n_embd, n_embd_q,
+//           n_ff)] + scales [nb] | token pos, cell, output row (int32 [nb]) and sequence mask
+//           (uint64 [nb]) | cell pos (int32 [n_ctx]) and sequence masks (uint64 [n_ctx])
+//   logits  [min(nb, 64), n_vocab] float32, only with the output head on the GPU (the head runs
+//           over the wanted rows 64 at a time)
+// The attention kernel keeps no score matrix (one-pass online softmax), so nothing grows with
+// n_ctx except the KV cache and the cell metadata.
+#include <algorithm>
+
+#include "bonsai/model.h"
+#include "cuda_common.cuh"
+#include "gpu_state.cuh"
+
+namespace bonsai {
+
+namespace {
+
+constexpr int64_t kLogitsRows = 64;
+
+// Computes the layout; with base == nullptr only the sizes are meaningful.
+GpuContextMemory layout(const Model& m, const ContextParams& p, uint8_t* base, GpuContext* c) {
+    const Hparams& hp = m.hparams();
+    const int64_t n_gpu = m.n_gpu_layers();
+    const int64_t nb = std::min(p.n_batch, p.n_ctx), n_ctx = p.n_ctx;
+    const size_t krb = type_row_bytes(p.type_k, hp.n_embd_kv()), vrb = type_row_bytes(p.type_v, hp.n_embd_kv());
+    cuda::ArenaPlan plan;
+    auto f32 = [&](int64_t n) { return reinterpret_cast<float*>(base + plan.take(sizeof(float) * n)); };
+    auto i32 = [&](int64_t n) { return reinterpret_cast<int32_t*>(base + plan.take(sizeof(int32_t) * n)); };
+    auto u64 = [&](int64_t n) { return reinterpret_cast<uint64_t*>(base + plan.take(sizeof(uint64_t) * n)); };
+    GpuContext tmp;
+    GpuContext& g = c ? *c : tmp;
+    g.k = base + plan.take(krb * n_gpu * n_ctx);
+    g.v = base + plan.take(vrb * n_gpu * n_ctx);
+    GpuContextMemory mem;
+    mem.kv_bytes = plan.total;
+    g.x = f32(nb * hp.n_embd);
+    g.cur = f32(nb * hp.n_embd);
+    g.q = f32(nb * hp.n_embd_q());
+    g.attn = f32(nb * hp.n_embd_q());
+    g.kc = f32(nb * hp.n_embd_kv());
+    g.vc = f32(nb * hp.n_embd_kv());
+    g.gate = f32(nb * hp.n_ff);
+    g.up = f32(nb * hp.n_ff);
+    g.rope = f32(nb * hp.n_rot);
+    const int64_t act_elems = nb * std::max({hp.n_embd, hp.n_embd_q(), hp.n_ff});
+    g.act_scratch.q = reinterpret_cast<int8_t*>(base + plan.take(act_elems));
+    g.act_scratch.scale = f32(nb);
+    g.act_scratch.max_elems = act_elems;
+    g.act_scratch.max_tokens = nb;
+    g.tok_pos = i32(nb);
+    g.tok_cell = i32(nb);
+    g.out_rows = i32(nb);
+    g.tok_mask = u64(nb);
+    g.cell_pos = i32(n_ctx);
+    g.cell_seq = u64(n_ctx);
+    const size_t before_logits = (plan.total + cuda::kAlign - 1) / cuda::kAlign * cuda::kAlign;
+    mem.compute_bytes = before_logits - mem.kv_bytes;
+    g.logits_rows = m.gpu_output() ? std::min(nb, kLogitsRows) : 0;
+    if (g.logits_rows > 0) g.logits = f32(g.logits_rows * hp.n_vocab);
+    mem.logits_bytes = plan.total > before_logits ? plan.total - before_logits : 0;
+    mem.allocated_bytes = plan.total;
+    g.n_ctx = n_ctx;
+    g.n_batch = nb;
+    g.act = p.act_mode;
+    g.type_k = p.type_k;
+    g.type_v = p.type_v;
+    g.k_row_bytes = krb;
+    g.v_row_bytes = vrb;
+    return mem;
+}
+
+}  // namespace
+
+GpuContextMemory gpu_context_plan(const Model& m, const ContextParams& p) {
+    if (m.n_gpu_layers() <= 0) return GpuContextMemory{};
+    return layout(m, p, nullptr, nullptr);
+}
+
+std::shared_ptr<GpuContext> gpu_context_create(const Model& m, const ContextParams& p) {
+    if (!m.gpu()) throw Error("gpu_context_create: the model has no layers on the GPU");
+    const GpuContextMemory need = layout(m, p, nullptr, nullptr);
+    auto c = std::make_shared<GpuContext>();
+    c->alloc = std::make_unique<cuda::DeviceAllocation>(
+        need.allocated_bytes, "a context of " + std::to_string(p.n_ctx) + " tokens (KV cache " +
+                                  cuda::format_mib(need.kv_bytes) + ", compute buffers " +
+                                  cuda::format_mib(need.compute_bytes + need.logits_bytes) + ")");
+    c->mem = layout(m, p, c->alloc->data(), c.get());
+    c->weights = m.gpu_ptr();
+    c->model = c->weights.get();
+    cuda::check(cudaMemset(c->alloc->data(), 0, c->alloc->size()), "clearing the context's device memory");
+    return c;
+}
+
+GpuContextMemory gpu_context_memory(const GpuContext& c) { return c.mem; }
+
+}  // namespace bonsai

@@ -1,0 +1,116 @@
+// Upload of the offloaded weights (GpuModel).
+//
+// Layout of the single device allocation, in this order, each piece 256-byte aligned:
+//   for each layer il < n_gpu: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
+//     (packed bytes exactly as in the file, rows row_bytes apart), then attn_norm, ffn_norm and the
+//     architecture's 1-D tensors (qwen2 q/k/v biases, qwen3 q/k norms) as float32;
+//   then, with the output head: output_norm (float32) and output.weight (packed; for a tied head a
+//     copy of token_embd, which also stays on the host for the embedding gather).
+// One planning pass computes the offsets, a second fills the pointers and copies the bytes.
+#include "../../src/arch/arch.h"
+#include "bonsai/model.h"
+#include "cuda_common.cuh"
+#include "gpu_state.cuh"
+
+namespace bonsai {
+
+namespace {
+
+struct Uploader {
+    cuda::ArenaPlan plan;
+    uint8_t* base = nullptr;  // null in the planning pass
+    GpuWeightsMemory* mem = nullptr;
+
+    void copy(size_t off, const void* src, size_t bytes) {
+        if (base && bytes) cuda::check(cudaMemcpy(base + off, src, bytes, cudaMemcpyHostToDevice), "weight upload");
+    }
+    cuda::DeviceMatrix matrix(const WeightView& w) {
+        const size_t bytes = w.row_bytes * static_cast<size_t>(w.rows);
+        const size_t off = plan.take(bytes);
+        copy(off, w.data, bytes);
+        if (mem) {
+            mem->weights_bytes += bytes;
+            mem->bytes_by_type[type_traits(w.type)->name] += bytes;
+        }
+        return cuda::DeviceMatrix{w.type, base + off, w.rows, w.cols, w.row_bytes};
+    }
+    const float* vec(const std::vector<float>& v) {
+        if (v.empty()) return nullptr;
+        const size_t bytes = v.size() * sizeof(float);
+        const size_t off = plan.take(bytes);
+        copy(off, v.data(), bytes);
+        if (mem) {
+            mem->weights_bytes += bytes;
+            mem->bytes_by_type["F32"] += bytes;
+        }
+        return reinterpret_cast<const float*>(base + off);
+    }
+};
+
+void fill(const Model& m, int n_layers, bool output, Uploader& up, GpuModel& g) {
+    g.layers.assign(n_layers, GpuLayer{});
+    for (int il = 0; il < n_layers; ++il) {
+        const LayerWeights& w = m.layers()[il];
+        GpuLayer& L = g.layers[il];
+        L.wq = up.matrix(w.wq);
+        L.wk = up.matrix(w.wk);
+        L.wv = up.matrix(w.wv);
+        L.wo = up.matrix(w.wo);
+        L.w_gate = up.matrix(w.w_gate);
+        L.w_up = up.matrix(w.w_up);
+        L.w_down = up.matrix(w.w_down);
+        L.attn_norm = up.vec(w.attn_norm);
+        L.ffn_norm = up.vec(w.ffn_norm);
+        L.bq = up.vec(w.bq);
+        L.bk = up.vec(w.bk);
+        L.bv = up.vec(w.bv);
+        L.q_norm = up.vec(w.q_norm);
+        L.k_norm = up.vec(w.k_norm);
+    }
+    g.output = output;
+    if (output) {
+        g.output_norm = up.vec(m.output_norm());
+        g.head = up.matrix(m.output());
+    }
+}
+
+}  // namespace
+
+std::shared_ptr<const GpuModel> gpu_model_upload(const Model& m, int n_layers, bool output) {
+    if (n_layers <= 0 || n_layers > m.hparams().n_layer)
+        throw Error("gpu_model_upload: layer count " + std::to_string(n_layers) + " is outside 1.." +
+                    std::to_string(m.hparams().n_layer));
+    auto g = std::make_shared<GpuModel>();
+    Uploader planner;
+    GpuModel scratch;
+    fill(m, n_layers, output, planner, scratch);
+    g->alloc = std::make_unique<cuda::DeviceAllocation>(
+        planner.plan.total, "the weights of " + std::to_string(n_layers) + " layer(s)" + (output ? " and the output head" : ""));
+    Uploader up;
+    up.base = g->alloc->data();
+    up.mem = &g->mem;
+    fill(m, n_layers, output, up, *g);
+    cuda::check(cudaDeviceSynchronize(), "weight upload");
+    g->mem.n_layers = n_layers;
+    g->mem.output = output;
+    g->mem.allocated_bytes = g->alloc->size();
+    return g;
+}
+
+GpuWeightsMemory gpu_model_memory(const GpuModel& g) { return g.mem; }
+
+GpuDeviceInfo cuda_device_info() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        throw Error("no CUDA device is available");
+    }
+    cudaDeviceProp prop{};
+    cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    GpuDeviceInfo info;
+    info.name = prop.name;
+    cuda::device_memory(&info.free_bytes, &info.total_bytes);
+    return info;
+}
+
+}  // namespace bonsai

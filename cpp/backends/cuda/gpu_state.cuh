@@ -1,0 +1,69 @@
+// The device-side state behind bonsai/cuda/gpu_backend.h: the offloaded weights of a Model
+// (GpuModel, one allocation) and the KV cache + compute buffers of a Context (GpuContext, one
+// allocation). Layouts are described in gpu_model.cu and gpu_context.cu.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "bonsai/context.h"
+#include "bonsai/cuda/gpu_backend.h"
+#include "device_pool.cuh"
+#include "ops_cuda.cuh"
+
+namespace bonsai {
+
+struct GpuLayer {
+    cuda::DeviceMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    const float* attn_norm = nullptr;
+    const float* ffn_norm = nullptr;
+    const float* bq = nullptr;      // qwen2 biases (null otherwise)
+    const float* bk = nullptr;
+    const float* bv = nullptr;
+    const float* q_norm = nullptr;  // qwen3 per-head norms (null otherwise)
+    const float* k_norm = nullptr;
+};
+
+class GpuModel {
+public:
+    std::vector<GpuLayer> layers;          // layers [0, n_gpu)
+    bool output = false;                   // head on the GPU
+    cuda::DeviceMatrix head;               // output.weight (or a copy of token_embd when tied)
+    const float* output_norm = nullptr;
+    GpuWeightsMemory mem;
+    std::unique_ptr<cuda::DeviceAllocation> alloc;
+};
+
+class GpuContext {
+public:
+    std::shared_ptr<const GpuModel> weights;  // keeps the weights alive
+    int64_t n_ctx = 0, n_batch = 0;
+    GpuModel const* model = nullptr;
+    ActMode act = ActMode::INT8;
+    GgmlType type_k = TYPE_F16, type_v = TYPE_F16;
+    size_t k_row_bytes = 0, v_row_bytes = 0;
+    uint8_t* k = nullptr;         // [n_gpu][n_ctx][k_row_bytes]
+    uint8_t* v = nullptr;         // [n_gpu][n_ctx][v_row_bytes]
+    float* x = nullptr;           // [nb, n_embd]
+    float* cur = nullptr;         // [nb, n_embd]
+    float* q = nullptr;           // [nb, n_embd_q]
+    float* kc = nullptr;          // [nb, n_embd_kv]
+    float* vc = nullptr;          // [nb, n_embd_kv]
+    float* attn = nullptr;        // [nb, n_embd_q]
+    float* gate = nullptr;        // [nb, n_ff]
+    float* up = nullptr;          // [nb, n_ff]
+    float* rope = nullptr;        // [nb, n_rot]
+    cuda::ActScratch act_scratch; // q [nb * max(n_embd, n_embd_q, n_ff)], scale [nb]
+    int32_t* tok_pos = nullptr;   // [nb]
+    uint64_t* tok_mask = nullptr; // [nb]
+    int32_t* tok_cell = nullptr;  // [nb]
+    int32_t* out_rows = nullptr;  // [nb]
+    int32_t* cell_pos = nullptr;  // [n_ctx]
+    uint64_t* cell_seq = nullptr; // [n_ctx]
+    float* logits = nullptr;      // [logits_rows, n_vocab] when the head is on the GPU
+    int64_t logits_rows = 0;
+    GpuContextMemory mem;
+    std::unique_ptr<cuda::DeviceAllocation> alloc;
+};
+
+}  // namespace bonsai

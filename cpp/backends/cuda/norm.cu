@@ -1,0 +1,35 @@
+// RMSNorm on the GPU, the twin of cpp/backends/cpu/norm.cpp: one block of 256 threads per row; the
+// sum of squares is accumulated in double (as on the CPU, so the scale rounds to the same float
+// except in rare ties of the summation order), y = x * scale * w with both products rounded.
+// An optional row index list gathers the input rows (the output head normalises only the rows
+// whose logits are wanted).
+#include "cuda_common.cuh"
+#include "ops_cuda.cuh"
+
+namespace bonsai::cuda {
+
+namespace {
+
+__global__ void rms_norm_kernel(const float* x, const int32_t* __restrict__ rows, const float* __restrict__ w,
+                                int64_t n, float eps, float* y) {
+    __shared__ double red[32];
+    const int64_t r = blockIdx.x;
+    const float* xr = x + (rows ? static_cast<int64_t>(rows[r]) : r) * n;
+    float* yr = y + r * n;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+    ss = block_sum(ss, red);
+    const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + static_cast<double>(eps)));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const int32_t* rows, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
+    if (n <= 0 || n_rows < 0 || !x || !w || !y) throw Error("CUDA rms_norm: invalid arguments");
+    if (n_rows == 0) return;
+    rms_norm_kernel<<<grid_for(n_rows, "rms_norm"), kThreads>>>(x, rows, w, n, eps, y);
+    check_launch("rms_norm_kernel");
+}
+
+}  // namespace bonsai::cuda

@@ -1,0 +1,89 @@
+// The CUDA twins of the engine's ops, on device pointers (one file per op, same basename as the
+// CPU backend: act_quant.cu, matmul.cu, norm.cu, rope.cu, activation.cu, attention.cu, get_rows.cu,
+// kv_cache.cu). Each entry validates its arguments, launches on the default stream and checks the
+// launch; results are ready for the next launch on that stream (copies back synchronize).
+//
+// Activations are row-major float32 [n_tokens, n], as on the CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "bonsai/ops.h"
+#include "bonsai/types.h"
+
+namespace bonsai::cuda {
+
+// A packed 2-D weight in device memory, rows of row_bytes bytes exactly as in the file.
+struct DeviceMatrix {
+    GgmlType type = TYPE_F32;
+    const uint8_t* data = nullptr;
+    int64_t rows = 0;
+    int64_t cols = 0;
+    size_t row_bytes = 0;
+};
+
+// Scratch of the INT8 activation path: q [n_tokens, cols] int8 and one scale per token.
+struct ActScratch {
+    int8_t* q = nullptr;
+    float* scale = nullptr;
+    int64_t max_elems = 0;   // capacity of q (n_tokens * cols must fit)
+    int64_t max_tokens = 0;  // capacity of scale
+};
+
+// act_quant.cu: per-token absmax INT8 quantization, bit-identical to cpu::quantize_act_token's q
+// and scale (see cpp/backends/cpu/act_quant.h).
+void quantize_act(const float* x, int64_t n_tokens, int64_t cols, const ActScratch& s);
+
+// matmul.cu: y[t*rows + r] = sum_k W[r,k] x[t*cols + k]. INT8 mode for quantized weights: exact
+// int32 per block, fma over the blocks in order, times the token scale (the CPU's operation
+// order); FLOAT mode and F32/F16/BF16 weights: f32 dot products.
+void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, ActMode mode,
+            const ActScratch& s);
+
+// norm.cu: y[r] = x[src(r)] / sqrt(mean(x[src(r)]^2) + eps) * w for n_rows rows of n, where
+// src(r) = rows[r] when `rows` is given (device int32), else r. y may alias x when rows is null.
+void rms_norm(const float* x, const int32_t* rows, const float* w, int64_t n_rows, int64_t n, float eps,
+              float* y);
+
+// rope.cu: rotates the first n_rot dims of each head of x [n_tokens, n_head * head_dim] in place
+// with the per-token table cos_sin [n_tokens, n_rot] (built on the host by rope_table).
+void rope(float* x, int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_rot, bool neox,
+          const float* cos_sin);
+
+// activation.cu: out = silu(gate) * up; x += y; x[t] += b.
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+void add_inplace(float* x, const float* y, int64_t n);
+void add_bias(float* x, const float* b, int64_t n_rows, int64_t n);
+
+// kv_cache.cu: stores row t of src [n_tokens, n] (n = n_embd_kv) into cell cells[t] of one
+// layer's cache (base + cell * row_bytes) as F16 or Q8_0, as KvCache::store does on the CPU.
+void store_kv_rows(const float* src, int64_t n_tokens, int64_t n, const int32_t* cells, GgmlType type,
+                   uint8_t* base, size_t row_bytes);
+
+// attention.cu: causal attention of n_tokens queries over one layer's cache with one-pass online
+// softmax (the CPU's flash variant). Cell c is visible to token t when cell_seq[c] & seq_mask[t]
+// and cell_pos[c] <= pos[t], for c < n_used.
+struct AttentionDev {
+    const float* q = nullptr;           // [n_tokens, n_head * head_dim]
+    int64_t n_tokens = 0;
+    const int32_t* pos = nullptr;       // [n_tokens]
+    const uint64_t* seq_mask = nullptr; // [n_tokens]
+    const int32_t* cell_pos = nullptr;  // [n_used]
+    const uint64_t* cell_seq = nullptr; // [n_used]
+    int64_t n_used = 0;
+    const uint8_t* k = nullptr;         // this layer's K rows, k_row_bytes apart
+    const uint8_t* v = nullptr;
+    size_t k_row_bytes = 0, v_row_bytes = 0;
+    GgmlType type_k = TYPE_F16, type_v = TYPE_F16;
+    int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
+    float scale = 1.0f;
+    float* out = nullptr;               // [n_tokens, n_head * head_dim]
+};
+constexpr int64_t kMaxHeadDim = 256;
+void attention(const AttentionDev& a);
+
+// get_rows.cu: out[i*cols + k] = W[ids[i], k] dequantized (ids on the device, already checked).
+void get_rows(const DeviceMatrix& w, const int32_t* ids, int64_t n, float* out);
+
+}  // namespace bonsai::cuda

@@ -1,0 +1,37 @@
+// Host-memory entry points of the CUDA ops, for the parity tests and benchmarks (python/_core
+// bind_cuda.cpp): each validates its arguments like the CPU entry, copies the inputs to the
+// device, runs the kernel of cpp/backends/cuda/<op>.cu, copies the result back and frees its
+// temporary device buffers (also when a CUDA call fails). Defined only in BONSAI_CUDA builds.
+#pragma once
+
+#include <cstdint>
+
+#include "bonsai/ops.h"
+#include "bonsai/types.h"
+
+namespace bonsai {
+
+// y [n_tokens, w.rows] as bonsai::matmul computes it (same activation modes).
+void cuda_matmul_host(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode);
+// out [n, w.cols] as bonsai::get_rows (ids checked against w.rows first).
+void cuda_get_rows_host(const WeightView& w, const int32_t* ids, int64_t n, float* out);
+// y [n_rows, n] = rms_norm of x with weight w [n].
+void cuda_rms_norm_host(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
+// Rotates x [n_tokens, n_head * head_dim] in place; the table comes from the CPU rope_table for
+// positions pos with base theta, freq_scale and optional freq_factors [n_rot / 2].
+void cuda_rope_host(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                    bool neox, float theta, float freq_scale, const float* freq_factors);
+// out = silu(gate) * up over n values.
+void cuda_swiglu_host(const float* gate, const float* up, int64_t n, float* out);
+// Converts rows [n_rows, n] to the KV cache type (F16 or Q8_0) with the device store kernel;
+// out receives n_rows * row_bytes(type, n) bytes.
+void cuda_store_kv_host(const float* rows, int64_t n_rows, int64_t n, GgmlType type, uint8_t* out);
+// Attention of q [n_tokens, n_head * head_dim] over n_cells cache rows k, v [n_cells, n_head_kv *
+// head_dim] (stored as type_k / type_v first), with cell positions / sequence masks and the
+// tokens' positions / masks; out [n_tokens, n_head * head_dim].
+void cuda_attention_host(const float* q, int64_t n_tokens, const int32_t* pos, const uint64_t* seq_mask,
+                         const float* k, const float* v, int64_t n_cells, const int32_t* cell_pos,
+                         const uint64_t* cell_seq, GgmlType type_k, GgmlType type_v, int64_t n_head,
+                         int64_t n_head_kv, int64_t head_dim, float scale, float* out);
+
+}  // namespace bonsai

@@ -1,0 +1,164 @@
+// CUDA backend functions for Python (BONSAI_CUDA builds only; tests and benchmarks): the device's
+// name and memory, and host-array versions of every CUDA op (bonsai/cuda/host_ops.h) so the parity
+// tests can compare each op with the CPU reference. All release the GIL around the device work.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+#include "bind.h"
+#include "bonsai/error.h"
+
+#ifdef BONSAI_CUDA
+#include "bonsai/cuda/gpu_backend.h"
+#include "bonsai/cuda/host_ops.h"
+#endif
+
+namespace py = pybind11;
+
+namespace bonsai_py {
+
+#ifdef BONSAI_CUDA
+namespace {
+
+using U8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+bonsai::WeightView weight_view(uint32_t type, const U8Array& w, int64_t cols) {
+    if (w.ndim() != 2) throw bonsai::Error("w must be a 2-D uint8 array (rows, row_bytes)");
+    return bonsai::WeightView{static_cast<bonsai::GgmlType>(type), w.data(), static_cast<int64_t>(w.shape(0)), cols,
+                              static_cast<size_t>(w.shape(1))};
+}
+
+bonsai::ActMode parse_mode(const std::string& mode) {
+    if (mode == "int8") return bonsai::ActMode::INT8;
+    if (mode == "float") return bonsai::ActMode::FLOAT;
+    throw bonsai::Error("mode must be 'int8' or 'float' (got '" + mode + "')");
+}
+
+bonsai::GgmlType kv_type(const std::string& name) {
+    if (name == "f16") return bonsai::TYPE_F16;
+    if (name == "q8_0") return bonsai::TYPE_Q8_0;
+    throw bonsai::Error("KV type must be 'f16' or 'q8_0' (got '" + name + "')");
+}
+
+void need_2d(const F32Array& a, const char* what, int64_t cols = -1) {
+    if (a.ndim() != 2 || (cols >= 0 && a.shape(1) != cols))
+        throw bonsai::Error(std::string(what) + " must be a 2-D float32 array" +
+                            (cols >= 0 ? " with " + std::to_string(cols) + " columns" : std::string()));
+}
+
+py::array_t<float> new_2d(int64_t rows, int64_t cols) {
+    return py::array_t<float>({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+}
+
+}  // namespace
+#endif
+
+void bind_cuda(py::module_& m) {
+#ifdef BONSAI_CUDA
+    m.def("cuda_memory_info", []() {
+        const bonsai::GpuDeviceInfo info = bonsai::cuda_device_info();
+        py::dict d;
+        d["name"] = info.name;
+        d["free_bytes"] = info.free_bytes;
+        d["total_bytes"] = info.total_bytes;
+        return d;
+    }, "Name, free and total memory of CUDA device 0 (cudaMemGetInfo).");
+    m.def("cuda_matmul", [](uint32_t type, const U8Array& w, int64_t cols, const F32Array& x, const std::string& mode) {
+        const bonsai::WeightView wv = weight_view(type, w, cols);
+        need_2d(x, "x", cols);
+        const bonsai::ActMode am = parse_mode(mode);
+        auto y = new_2d(x.shape(0), wv.rows);
+        float* yp = y.mutable_data();
+        const float* xp = x.data();
+        const int64_t n = x.shape(0);
+        py::gil_scoped_release release;
+        bonsai::cuda_matmul_host(wv, xp, n, yp, am);
+        return y;
+    }, py::arg("type"), py::arg("w"), py::arg("cols"), py::arg("x"), py::arg("mode") = "int8",
+       "The CUDA matmul of _core.matmul's arguments: y (n_tokens, rows) = x @ W.T.");
+    m.def("cuda_get_rows", [](uint32_t type, const U8Array& w, int64_t cols, const I32Array& ids) {
+        const bonsai::WeightView wv = weight_view(type, w, cols);
+        if (ids.ndim() != 1) throw bonsai::Error("ids must be a 1-D int32 array");
+        auto out = new_2d(ids.shape(0), cols);
+        float* op = out.mutable_data();
+        const int32_t* ip = ids.data();
+        const int64_t n = ids.shape(0);
+        py::gil_scoped_release release;
+        bonsai::cuda_get_rows_host(wv, ip, n, op);
+        return out;
+    }, py::arg("type"), py::arg("w"), py::arg("cols"), py::arg("ids"));
+    m.def("cuda_rms_norm", [](const F32Array& x, const F32Array& w, float eps) {
+        need_2d(x, "x");
+        if (w.ndim() != 1 || w.shape(0) != x.shape(1)) throw bonsai::Error("w must be 1-D with x.shape[1] values");
+        auto y = new_2d(x.shape(0), x.shape(1));
+        bonsai::cuda_rms_norm_host(x.data(), w.data(), x.shape(0), x.shape(1), eps, y.mutable_data());
+        return y;
+    }, py::arg("x"), py::arg("w"), py::arg("eps"));
+    m.def("cuda_rope", [](const F32Array& x, const I32Array& pos, int64_t n_head, int64_t n_rot, bool neox, float theta,
+                          float freq_scale, py::object freq_factors) {
+        need_2d(x, "x");
+        if (pos.ndim() != 1 || pos.shape(0) != x.shape(0)) throw bonsai::Error("pos must hold one position per row of x");
+        if (n_head <= 0 || x.shape(1) % n_head != 0) throw bonsai::Error("x.shape[1] must be n_head * head_dim");
+        const int64_t head_dim = x.shape(1) / n_head;
+        if (n_rot <= 0 || n_rot % 2 || n_rot > head_dim) throw bonsai::Error("n_rot must be even and <= head_dim");
+        std::vector<float> ff;
+        if (!freq_factors.is_none()) {
+            F32Array f = F32Array::ensure(freq_factors);
+            if (!f || f.ndim() != 1 || f.shape(0) != n_rot / 2) throw bonsai::Error("freq_factors must hold n_rot / 2 values");
+            ff.assign(f.data(), f.data() + f.shape(0));
+        }
+        auto y = new_2d(x.shape(0), x.shape(1));
+        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+        bonsai::cuda_rope_host(y.mutable_data(), pos.data(), x.shape(0), n_head, head_dim, n_rot, neox, theta,
+                               freq_scale, ff.empty() ? nullptr : ff.data());
+        return y;
+    }, py::arg("x"), py::arg("pos"), py::arg("n_head"), py::arg("n_rot"), py::arg("neox"), py::arg("theta"),
+       py::arg("freq_scale") = 1.0f, py::arg("freq_factors") = py::none());
+    m.def("cuda_swiglu", [](const F32Array& gate, const F32Array& up) {
+        if (gate.size() != up.size()) throw bonsai::Error("gate and up differ in size");
+        py::array_t<float> out(gate.size());
+        bonsai::cuda_swiglu_host(gate.data(), up.data(), gate.size(), out.mutable_data());
+        return out;
+    }, py::arg("gate"), py::arg("up"));
+    m.def("cuda_store_kv", [](const F32Array& rows, const std::string& type) {
+        need_2d(rows, "rows");
+        const bonsai::GgmlType t = kv_type(type);
+        const size_t rb = bonsai::type_row_bytes(t, rows.shape(1));
+        py::array_t<uint8_t> out({static_cast<py::ssize_t>(rows.shape(0)), static_cast<py::ssize_t>(rb)});
+        bonsai::cuda_store_kv_host(rows.data(), rows.shape(0), rows.shape(1), t, out.mutable_data());
+        return out;
+    }, py::arg("rows"), py::arg("type"), "K/V rows converted by the device cache-store kernel (uint8 rows).");
+    m.def("cuda_attention", [](const F32Array& q, const I32Array& pos, const U64Array& seq_mask, const F32Array& k,
+                               const F32Array& v, const I32Array& cell_pos, const U64Array& cell_seq,
+                               const std::string& type_k, const std::string& type_v, int64_t n_head, int64_t n_head_kv,
+                               float scale) {
+        need_2d(q, "q");
+        need_2d(k, "k");
+        need_2d(v, "v", k.shape(1));
+        if (n_head <= 0 || q.shape(1) % n_head) throw bonsai::Error("q.shape[1] must be n_head * head_dim");
+        const int64_t hd = q.shape(1) / n_head;
+        if (n_head_kv <= 0 || k.shape(1) != n_head_kv * hd) throw bonsai::Error("k.shape[1] must be n_head_kv * head_dim");
+        const int64_t n = q.shape(0), cells = k.shape(0);
+        if (pos.size() != n || seq_mask.size() != n || v.shape(0) != cells || cell_pos.size() != cells ||
+            cell_seq.size() != cells)
+            throw bonsai::Error("cuda_attention: array lengths do not match");
+        auto out = new_2d(n, q.shape(1));
+        bonsai::cuda_attention_host(q.data(), n, pos.data(), seq_mask.data(), k.data(), v.data(), cells,
+                                    cell_pos.data(), cell_seq.data(), kv_type(type_k), kv_type(type_v), n_head,
+                                    n_head_kv, hd, scale, out.mutable_data());
+        return out;
+    }, py::arg("q"), py::arg("pos"), py::arg("seq_mask"), py::arg("k"), py::arg("v"), py::arg("cell_pos"),
+       py::arg("cell_seq"), py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("n_head") = 1,
+       py::arg("n_head_kv") = 1, py::arg("scale") = 1.0f,
+       "Causal attention over a cache built from k / v rows (stored as type_k / type_v on the device).");
+#else
+    (void)m;
+#endif
+}
+
+}  // namespace bonsai_py
