@@ -63,8 +63,8 @@ GpuContextMemory layout(const Model& m, const ContextParams& p, uint8_t* base, G
     mem.compute_bytes = before_logits - mem.kv_bytes;
     g.logits_rows = m.gpu_output() ? std::min(nb, kLogitsRows) : 0;
     if (g.logits_rows > 0) g.logits = f32(g.logits_rows * hp.n_vocab);
-    mem.logits_bytes = plan.total > before_logits ? plan.total - before_logits : 0;
-    mem.allocated_bytes = plan.total;
+    mem.logits_bytes = g.logits_rows > 0 ? plan.total - before_logits : 0;
+    mem.allocated_bytes = before_logits + mem.logits_bytes;
     g.n_ctx = n_ctx;
     g.n_batch = nb;
     g.act = p.act_mode;
