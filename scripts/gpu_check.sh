@@ -60,15 +60,19 @@ export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} PATH=build/gpu:$PATH
 python3 -c "from bonsai_runner import _core; print('device:', _core.cuda_device_count(), _core.cuda_memory_info())" \
   2>&1 | tee -a "$summary"
 
-# the op-level parity first (fast, pinpoints a broken kernel), then the whole-model tests
-timeout 300 python3 -m pytest -m cuda -v -rfE -p no:cacheprovider --durations=10 \
-  tests/test_cuda_ops.py tests/test_quants.py tests/test_cuda_engine.py >"$out/pytest_cuda.log" 2>&1
-rc=$?
-note "pytest -m cuda: $(tail -1 "$out/pytest_cuda.log") (exit $rc, $(elapsed))"
-if [ $rc -ne 0 ]; then
-  status=1
-  grep -E '^(FAILED|ERROR) ' "$out/pytest_cuda.log" | head -40 | tee -a "$summary"
-fi
+# one pytest process per file, op-level parity first: a kernel fault poisons its CUDA context, so a
+# crash in one file cannot hide the results of the next
+for f in test_cuda_ops test_quants test_cuda_engine; do
+  timeout 240 python3 -m pytest -m cuda -v -rfE -p no:cacheprovider --durations=5 "tests/$f.py" \
+    >"$out/pytest_$f.log" 2>&1
+  rc=$?
+  note "pytest -m cuda tests/$f.py: $(tail -1 "$out/pytest_$f.log") (exit $rc, $(elapsed))"
+  if [ $rc -ne 0 ]; then
+    status=1
+    grep -E '^(FAILED|ERROR) ' "$out/pytest_$f.log" | head -30 | tee -a "$summary"
+  fi
+done
+
 if timeout 200 python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" >"$out/bench_gpu.txt" \
      2>"$out/bench_gpu.log"; then
   note "benchmark ($(elapsed)):"

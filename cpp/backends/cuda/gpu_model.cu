@@ -80,6 +80,10 @@ std::shared_ptr<const GpuModel> gpu_model_upload(const Model& m, int n_layers, b
     if (n_layers <= 0 || n_layers > m.hparams().n_layer)
         throw Error("gpu_model_upload: layer count " + std::to_string(n_layers) + " is outside 1.." +
                     std::to_string(m.hparams().n_layer));
+    if (m.hparams().head_dim > cuda::kMaxHeadDim)
+        throw Error("the CUDA backend's attention supports head sizes up to " + std::to_string(cuda::kMaxHeadDim) +
+                    ", this model's is " + std::to_string(m.hparams().head_dim) +
+                    "; run it on the CPU (n_gpu_layers 0)");
     auto g = std::make_shared<GpuModel>();
     Uploader planner;
     GpuModel scratch;
