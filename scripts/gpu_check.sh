@@ -57,8 +57,11 @@ else
 fi
 
 export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} PATH=build/gpu:$PATH
-python3 -c "from bonsai_runner import _core; print('device:', _core.cuda_device_count(), _core.cuda_memory_info())" \
-  2>&1 | tee -a "$summary"
+if ! python3 -c "from bonsai_runner import _core; print('device:', _core.cuda_device_count(), _core.cuda_memory_info())" \
+     >>"$summary" 2>&1; then
+  note "no CUDA device is visible to the engine: every CUDA test below will be skipped"; status=1
+fi
+tail -1 "$summary"
 
 # one pytest process per file, op-level parity first: a kernel fault poisons its CUDA context, so a
 # crash in one file cannot hide the results of the next

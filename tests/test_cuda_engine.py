@@ -255,6 +255,32 @@ def test_bonsai_run_on_the_gpu(gguf_for):
     assert r.stdout.startswith("hello world"), r.stdout
 
 
+@cuda
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("wtype", ["F32", "Q8_0", "TQ2_0"])
+def test_gpu_matches_numpy_reference(tmp_path, arch, wtype):
+    """The engine fixtures of tests/engine_fixtures.py (written with the gguf package) against their
+    float64 numpy forward pass, on the GPU in FLOAT mode, as test_engine.py does on the CPU."""
+    pytest.importorskip("gguf")
+    from engine_fixtures import Cfg, reference_logits, write_model
+
+    cfg = Cfg(arch=arch, wtype=wtype, emb_type="F16" if wtype != "F32" else "F32", n_layer=2,
+              rope_freqs=arch == "llama")
+    if arch == "qwen3":
+        cfg.head_dim = 32
+    if wtype == "TQ2_0":  # 256-wide blocks
+        cfg.n_embd, cfg.n_ff, cfg.head_dim, cfg.n_head, cfg.n_head_kv = 256, 512, 64, 4, 2
+    path = tmp_path / "m.gguf"
+    write_model(path, cfg, seed=7)
+    toks = TOKENS[:24] % cfg.n_vocab
+    with _core.Model(str(path), n_gpu_layers=-1) as m, \
+            _core.Context(m, n_ctx=64, n_batch=16, n_threads=2, act_mode="float") as ctx:
+        got = ctx.decode(toks, logits="all")
+    ref = reference_logits(cfg, toks)
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    assert err < 1e-3, f"{arch} {wtype}: max relative error {err:.2e} against the numpy reference"
+
+
 # ---------------------------------------------------------------- every build
 
 def test_memory_report_has_gpu_fields(gguf_for):

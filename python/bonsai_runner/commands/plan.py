@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=0, metavar="N",
                    help="CPU threads (default 0 = all cores; sizes the attention scratch)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
-                   help="the first N blocks on the GPU (>= the block count: all, with the head)")
+                   help="the first N blocks on the GPU (-1 or >= the block count: all, with the head)")
     p.add_argument("-fa", "--flash-attn", action="store_true",
                    help="GPU estimate without the attention score matrix")
     p.add_argument("--memory", metavar="SIZE",
