@@ -1,9 +1,9 @@
 // Causal multi-head attention over the KV cache on the CPU.
 //
 // One call handles one (token t, kv head hkv) pair and the n_rep = n_head / n_head_kv query heads
-// that share that kv head (grouped-query attention), so every visible K/V row is converted from
-// the cache type (f16 / q8_0) once per group instead of once per query head. A cell is visible to
-// token t when its sequence mask intersects t's and its position is <= t's position.
+// that share that kv head (grouped-query attention), so every visible K/V row is read once per
+// group instead of once per query head. A cell is visible to token t when its sequence mask
+// intersects t's and its position is <= t's position.
 //
 // Two variants, equal up to float rounding:
 //   score buffer (default): s = q.K * scale for every visible cell, softmax, out = sum p V.
@@ -11,12 +11,27 @@
 //     when a larger score arrives the accumulator is rescaled by exp(m_old - m_new). No buffer of
 //     n_cells scores is needed.
 //
+// The AVX-512 path (taken when the active CPU path is avx512) reads the f16 / q8_0 cache rows
+// directly with vector conversions. Its score-buffer variant is one block over every visible cell
+// (pass 1: scores of all n_rep heads from each K row; softmax with a vector exp; pass 2: out +=
+// p V, 16 dimensions at a time with up to 8 heads' accumulators in registers, so each V chunk is
+// converted once per 8 heads). Its flash variant runs the same two passes over blocks of
+// kFlashBlock visible cells and rescales the accumulators between blocks (online softmax at block
+// granularity, so K and V of a block are read while they are in cache).
+//
 // Scratch per call (floats): 2 * head_dim (K and V rows) + n_rep * n_cells (scores)
 //   + n_rep * head_dim (accumulators) + 2 * n_rep (running maxima and normalisers).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "../../src/layers.h"
+#include "block_unpack.h"
+#include "bonsai/ops.h"
 #include "bonsai/quants.h"
 #include "layers_cpu.h"
 
@@ -34,9 +49,7 @@ inline void axpy(float* y, float a, const float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-}  // namespace
-
-void attention_group(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch) {
+void attention_group_scalar(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch) {
     const KvCache& kv = *a.kv;
     const int64_t hd = a.head_dim, n_rep = a.n_head / a.n_head_kv, n_cells = kv.n_cells();
     const KvCacheParams& kp = kv.params();
@@ -110,6 +123,175 @@ void attention_group(const AttentionArgs& a, int64_t t, int64_t hkv, float* scra
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         for (int64_t i = 0; i < hd; ++i) out0[r * hd + i] = acc[r * hd + i] * inv;
     }
+}
+
+#define BONSAI_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+constexpr int64_t kFlashBlock = 64;  // visible cells per block of the flash variant
+constexpr int kHeadGroup = 8;        // heads whose pass-2 accumulators share one V chunk
+
+// exp(x) for x <= 0 (clamped at -88; NaN stays NaN): 2^n * P(r), r = x - n ln2, |r| <= ln2 / 2,
+// P the degree-6 Taylor polynomial (relative error ~2e-7).
+BONSAI_AVX512 inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-88.0f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// Elements [e, e + 16) of a cache row slice as f32; m masks the tail of an f16 head (q8_0 heads
+// are whole blocks of 32, so their chunks are always full).
+template <GgmlType T>
+BONSAI_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, __mmask16 m) {
+    if constexpr (T == TYPE_F16) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * e));
+    } else {
+        const uint8_t* b = row + (e / 32) * sizeof(block_q8_0);
+        const __m512 d = _mm512_set1_ps(fp16_to_fp32(load_u16(b)));
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + e % 32));
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+}
+
+template <GgmlType TK, GgmlType TV>
+BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch) {
+    const KvCache& kv = *a.kv;
+    const int64_t hd = a.head_dim, n_rep = a.n_head / a.n_head_kv, n_cells = kv.n_cells();
+    const KvCacheParams& kp = kv.params();
+    const size_t k_off = type_row_bytes(kp.type_k, hkv * hd);
+    const size_t v_off = type_row_bytes(kp.type_v, hkv * hd);
+    const int32_t* cell_pos = kv.cell_pos_data();
+    const uint64_t* cell_seq = kv.cell_seq_data();
+    const int64_t end = kv.used_end();
+    const uint64_t mask = a.seq_mask[t];
+    const int32_t p = a.pos[t];
+    const int64_t nv = (hd + 15) / 16;
+    const __mmask16 tail = hd % 16 ? static_cast<__mmask16>((1u << (hd % 16)) - 1) : static_cast<__mmask16>(0xFFFF);
+    const int64_t block = a.flash ? std::min(kFlashBlock, n_cells) : n_cells;
+
+    float* kbuf = scratch;                 // one K row as f32 (hd floats, room for 2 hd)
+    float* scores = kbuf + 2 * hd;         // [n_rep][block]
+    float* acc = scores + n_rep * n_cells;  // [n_rep][hd]
+    float* m = acc + n_rep * hd;
+    float* l = m + n_rep;
+
+    const int64_t n_q = a.n_head * hd;
+    const float* q0 = a.q + t * n_q + hkv * n_rep * hd;
+    float* out0 = a.out + t * n_q + hkv * n_rep * hd;
+
+    for (int64_t r = 0; r < n_rep; ++r) {
+        m[r] = -std::numeric_limits<float>::infinity();
+        l[r] = 0.0f;
+    }
+    std::fill(acc, acc + n_rep * hd, 0.0f);
+
+    int64_t c = 0;
+    while (c < end) {
+        // Pass 1: scores of the next `block` visible cells.
+        const int64_t c0 = c;
+        int64_t n = 0;
+        for (; c < end && n < block; ++c) {
+            if (!(cell_seq[c] & mask) || cell_pos[c] > p) continue;
+            const uint8_t* krow = kv.k_row(a.layer, c) + k_off;
+            for (int64_t i = 0; i < nv; ++i)
+                _mm512_storeu_ps(kbuf + 16 * i, load16<TK>(krow, 16 * i, i + 1 < nv ? 0xFFFF : tail));
+            for (int64_t r = 0; r < n_rep; ++r) {
+                const float* qr = q0 + r * hd;
+                __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+                int64_t i = 0;
+                for (; i + 2 <= nv; i += 2) {
+                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(kbuf + 16 * i),
+                                         _mm512_maskz_loadu_ps(i + 1 < nv ? 0xFFFF : tail, qr + 16 * i), s0);
+                    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(kbuf + 16 * i + 16),
+                                         _mm512_maskz_loadu_ps(i + 2 < nv ? 0xFFFF : tail, qr + 16 * i + 16), s1);
+                }
+                if (i < nv) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(kbuf + 16 * i), _mm512_maskz_loadu_ps(tail, qr + 16 * i), s0);
+                scores[r * block + n] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * a.scale;
+            }
+            ++n;
+        }
+        if (n == 0) break;
+        // Softmax step: new maxima, rescale what was accumulated, p = exp(s - m), l += sum p.
+        for (int64_t r = 0; r < n_rep; ++r) {
+            float* sr = scores + r * block;
+            __m512 mx = _mm512_set1_ps(m[r]);
+            int64_t j = 0;
+            for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + j));
+            float mnew = _mm512_reduce_max_ps(mx);
+            for (; j < n; ++j) mnew = std::max(mnew, sr[j]);
+            const float corr = std::exp(m[r] - mnew);  // 0 on the first block
+            if (corr != 1.0f) {
+                l[r] *= corr;
+                const __m512 cv = _mm512_set1_ps(corr);
+                for (int64_t i = 0; i < nv; ++i) {
+                    const __mmask16 mk = i + 1 < nv ? 0xFFFF : tail;
+                    _mm512_mask_storeu_ps(acc + r * hd + 16 * i, mk,
+                                          _mm512_mul_ps(cv, _mm512_maskz_loadu_ps(mk, acc + r * hd + 16 * i)));
+                }
+            }
+            m[r] = mnew;
+            const __m512 mv = _mm512_set1_ps(mnew);
+            __m512 sum = _mm512_setzero_ps();
+            for (j = 0; j < n; j += 16) {
+                const __mmask16 mk = j + 16 <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+                const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sr + j), mv));
+                _mm512_mask_storeu_ps(sr + j, mk, e);
+                sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mk, e));
+            }
+            l[r] += _mm512_reduce_add_ps(sum);
+        }
+        // Pass 2: acc += p V over the same cells, 16 dimensions x up to kHeadGroup heads at a time.
+        for (int64_t i = 0; i < nv; ++i) {
+            const __mmask16 mk = i + 1 < nv ? 0xFFFF : tail;
+            for (int64_t r0 = 0; r0 < n_rep; r0 += kHeadGroup) {
+                const int nr = static_cast<int>(std::min<int64_t>(kHeadGroup, n_rep - r0));
+                __m512 av[kHeadGroup];
+                for (int h = 0; h < kHeadGroup; ++h)
+                    av[h] = h < nr ? _mm512_maskz_loadu_ps(mk, acc + (r0 + h) * hd + 16 * i) : _mm512_setzero_ps();
+                const float* pr = scores + r0 * block;
+                int64_t j = 0;
+                for (int64_t cc = c0; cc < c; ++cc) {
+                    if (!(cell_seq[cc] & mask) || cell_pos[cc] > p) continue;
+                    const __m512 v = load16<TV>(kv.v_row(a.layer, cc) + v_off, 16 * i, mk);
+#pragma GCC unroll 8
+                    for (int h = 0; h < kHeadGroup; ++h)
+                        if (h < nr) av[h] = _mm512_fmadd_ps(_mm512_set1_ps(pr[h * block + j]), v, av[h]);
+                    ++j;
+                }
+                for (int h = 0; h < nr; ++h) _mm512_mask_storeu_ps(acc + (r0 + h) * hd + 16 * i, mk, av[h]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < n_rep; ++r) {
+        const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+        for (int64_t i = 0; i < nv; ++i) {
+            const __mmask16 mk = i + 1 < nv ? 0xFFFF : tail;
+            _mm512_mask_storeu_ps(out0 + r * hd + 16 * i, mk, _mm512_mul_ps(inv, _mm512_maskz_loadu_ps(mk, acc + r * hd + 16 * i)));
+        }
+    }
+}
+
+}  // namespace
+
+void attention_group(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch) {
+    if (active_cpu_path() == CpuPath::AVX512) {
+        const KvCacheParams& kp = a.kv->params();
+        const bool kf = kp.type_k == TYPE_F16, vf = kp.type_v == TYPE_F16;
+        if (kf && vf) return attention_group_avx512<TYPE_F16, TYPE_F16>(a, t, hkv, scratch);
+        if (kf) return attention_group_avx512<TYPE_F16, TYPE_Q8_0>(a, t, hkv, scratch);
+        if (vf) return attention_group_avx512<TYPE_Q8_0, TYPE_F16>(a, t, hkv, scratch);
+        return attention_group_avx512<TYPE_Q8_0, TYPE_Q8_0>(a, t, hkv, scratch);
+    }
+    attention_group_scalar(a, t, hkv, scratch);
 }
 
 }  // namespace bonsai::cpu
