@@ -21,10 +21,6 @@
 //
 // Scratch per call (floats): 2 * head_dim (K and V rows) + n_rep * n_cells (scores)
 //   + n_rep * head_dim (accumulators) + 2 * n_rep (running maxima and normalisers).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -34,6 +30,7 @@
 #include "bonsai/ops.h"
 #include "bonsai/quants.h"
 #include "layers_cpu.h"
+#include "vec_exp.h"
 
 namespace bonsai::cpu {
 
@@ -125,28 +122,10 @@ void attention_group_scalar(const AttentionArgs& a, int64_t t, int64_t hkv, floa
     }
 }
 
-#define BONSAI_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define BONSAI_AVX512 BONSAI_AVX512_MATH
 
 constexpr int64_t kFlashBlock = 64;  // visible cells per block of the flash variant
 constexpr int kHeadGroup = 8;        // heads whose pass-2 accumulators share one V chunk
-
-// exp(x) for x <= 0 (clamped at -88; NaN stays NaN): 2^n * P(r), r = x - n ln2, |r| <= ln2 / 2,
-// P the degree-6 Taylor polynomial (relative error ~2e-7).
-BONSAI_AVX512 inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-88.0f), x);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 // Elements [e, e + 16) of a cache row slice as f32; m masks the tail of an f16 head (q8_0 heads
 // are whole blocks of 32, so their chunks are always full).
