@@ -126,6 +126,7 @@ void attention_group_scalar(const AttentionArgs& a, int64_t t, int64_t hkv, floa
 
 constexpr int64_t kFlashBlock = 64;  // visible cells per block of the flash variant
 constexpr int kHeadGroup = 8;        // heads whose pass-2 accumulators share one V chunk
+constexpr int64_t kPrefetchCells = 16; // cache rows prefetched this many cells ahead
 
 // Elements [e, e + 16) of a cache row slice as f32; m masks the tail of an f16 head (q8_0 heads
 // are whole blocks of 32, so their chunks are always full).
@@ -139,6 +140,35 @@ BONSAI_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, __mmask16 m) {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + e % 32));
         return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
     }
+}
+
+// Prefetches every cache line that holds a byte of [row, row + n).
+BONSAI_AVX512 inline void prefetch_row(const uint8_t* row, size_t n) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
+    for (uintptr_t l = first; l < reinterpret_cast<uintptr_t>(row) + n; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T0);
+}
+
+// ar[h * hd + (0..16)] += sum over the visible cells of [c0, c1) of pr[h * block + j] * V[cell][16 i ..]
+// for NR heads, j counting the visible cells; the accumulators stay in registers. The sweep over
+// chunk 0 prefetches the V rows kPrefetchCells cells ahead.
+template <GgmlType TV, int NR>
+BONSAI_AVX512 void accumulate_pv(const KvCache& kv, int64_t layer, size_t v_off, size_t v_bytes, uint64_t mask,
+                                 int32_t pos, int64_t c0, int64_t c1, int64_t i, int64_t hd, __mmask16 mk,
+                                 const float* pr, int64_t block, float* ar) {
+    const int32_t* cell_pos = kv.cell_pos_data();
+    const uint64_t* cell_seq = kv.cell_seq_data();
+    __m512 av[NR];
+    for (int h = 0; h < NR; ++h) av[h] = _mm512_maskz_loadu_ps(mk, ar + h * hd);
+    int64_t j = 0;
+    for (int64_t cc = c0; cc < c1; ++cc) {
+        if (i == 0 && cc + kPrefetchCells < c1) prefetch_row(kv.v_row(layer, cc + kPrefetchCells) + v_off, v_bytes);
+        if (!(cell_seq[cc] & mask) || cell_pos[cc] > pos) continue;
+        const __m512 v = load16<TV>(kv.v_row(layer, cc) + v_off, 16 * i, mk);
+        for (int h = 0; h < NR; ++h) av[h] = _mm512_fmadd_ps(_mm512_set1_ps(pr[h * block + j]), v, av[h]);
+        ++j;
+    }
+    for (int h = 0; h < NR; ++h) _mm512_mask_storeu_ps(ar + h * hd, mk, av[h]);
 }
 
 template <GgmlType TK, GgmlType TV>
@@ -156,6 +186,7 @@ BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int
     const int64_t nv = (hd + 15) / 16;
     const __mmask16 tail = hd % 16 ? static_cast<__mmask16>((1u << (hd % 16)) - 1) : static_cast<__mmask16>(0xFFFF);
     const int64_t block = a.flash ? std::min(kFlashBlock, n_cells) : n_cells;
+    const size_t k_bytes = type_row_bytes(kp.type_k, hd), v_bytes = type_row_bytes(kp.type_v, hd);
 
     float* kbuf = scratch;                 // one K row as f32 (hd floats, room for 2 hd)
     float* scores = kbuf + 2 * hd;         // [n_rep][block]
@@ -179,6 +210,7 @@ BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int
         const int64_t c0 = c;
         int64_t n = 0;
         for (; c < end && n < block; ++c) {
+            if (c + kPrefetchCells < end) prefetch_row(kv.k_row(a.layer, c + kPrefetchCells) + k_off, k_bytes);
             if (!(cell_seq[c] & mask) || cell_pos[c] > p) continue;
             const uint8_t* krow = kv.k_row(a.layer, c) + k_off;
             for (int64_t i = 0; i < nv; ++i)
@@ -232,21 +264,18 @@ BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int
         for (int64_t i = 0; i < nv; ++i) {
             const __mmask16 mk = i + 1 < nv ? 0xFFFF : tail;
             for (int64_t r0 = 0; r0 < n_rep; r0 += kHeadGroup) {
-                const int nr = static_cast<int>(std::min<int64_t>(kHeadGroup, n_rep - r0));
-                __m512 av[kHeadGroup];
-                for (int h = 0; h < kHeadGroup; ++h)
-                    av[h] = h < nr ? _mm512_maskz_loadu_ps(mk, acc + (r0 + h) * hd + 16 * i) : _mm512_setzero_ps();
+                float* ar = acc + r0 * hd + 16 * i;
                 const float* pr = scores + r0 * block;
-                int64_t j = 0;
-                for (int64_t cc = c0; cc < c; ++cc) {
-                    if (!(cell_seq[cc] & mask) || cell_pos[cc] > p) continue;
-                    const __m512 v = load16<TV>(kv.v_row(a.layer, cc) + v_off, 16 * i, mk);
-#pragma GCC unroll 8
-                    for (int h = 0; h < kHeadGroup; ++h)
-                        if (h < nr) av[h] = _mm512_fmadd_ps(_mm512_set1_ps(pr[h * block + j]), v, av[h]);
-                    ++j;
+                switch (std::min<int64_t>(kHeadGroup, n_rep - r0)) {
+                    case 1: accumulate_pv<TV, 1>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
+                    case 2: accumulate_pv<TV, 2>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
+                    case 3: accumulate_pv<TV, 3>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
+                    case 4: accumulate_pv<TV, 4>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
+                    case 5: accumulate_pv<TV, 5>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
+                    case 6: accumulate_pv<TV, 6>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
+                    case 7: accumulate_pv<TV, 7>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
+                    default: accumulate_pv<TV, 8>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
                 }
-                for (int h = 0; h < nr; ++h) _mm512_mask_storeu_ps(acc + (r0 + h) * hd + 16 * i, mk, av[h]);
             }
         }
     }
