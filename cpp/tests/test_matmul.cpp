@@ -59,6 +59,19 @@ static void test_thread_pool() {
             pool.parallel_for(e - b, [&](int64_t ib, int64_t ie, int) { inner += static_cast<int>(ie - ib); });
         });
         CHECK(inner.load() == 4);
+        // Back-to-back jobs of varying size: every index exactly once per call (no part lost or
+        // run twice when a late worker meets a newer job).
+        std::vector<std::atomic<int>> seen(8);
+        bool all_once = true;
+        for (int call = 0; call < 3000; ++call) {
+            const int64_t n = 1 + call % 8;
+            for (auto& h : seen) h = 0;
+            pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+                for (int64_t i = b; i < e; ++i) seen[i]++;
+            });
+            for (int64_t i = 0; i < 8; ++i) all_once = all_once && seen[i].load() == (i < n ? 1 : 0);
+        }
+        CHECK(all_once);
     }
     CHECK(throws([] { ThreadPool p(0); }));
 }
