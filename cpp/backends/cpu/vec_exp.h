@@ -1,4 +1,5 @@
-// Vector exp for the AVX-512 paths of softmax-like code (attention, SwiGLU).
+// Vector exp for the AVX-512 paths of softmax-like code (attention, SwiGLU), and the target
+// attribute those AVX-512 paths share (BONSAI_AVX512_MATH).
 //
 // exp(x) = 2^n * P(r) with n = round(x / ln2), r = x - n ln2 (ln2 split in a high part exact in
 // float and a low correction, so r is accurate), |r| <= ln2 / 2, P the degree-6 Taylor polynomial
