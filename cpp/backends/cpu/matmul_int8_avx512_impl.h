@@ -286,10 +286,12 @@ BONSAI_AVX512 inline __m256 unit_scales(const __m512i* src, const uint8_t* const
         return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, order, b)));
     } else {
         static_assert(K::G <= 2 || K::kDWord < 0, "scale extraction covers at most two blocks");
-        alignas(16) uint16_t h[8] = {};
-        for (int g = 0; g < nin; ++g)
-            for (int i = 0; i < 4; ++i) h[4 * g + i] = load_u16(p[i] + g * K::kBytes + K::kDOff);
-        return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+        // Built in registers (vpinsrw): eight 2-byte stores read back as one vector would stall
+        // on store forwarding.
+        auto h = [&](int g, int i) { return static_cast<short>(load_u16(p[i] + g * K::kBytes + K::kDOff)); };
+        if (K::G == 1 || nin < 2)
+            return _mm256_cvtph_ps(_mm_setr_epi16(h(0, 0), h(0, 1), h(0, 2), h(0, 3), 0, 0, 0, 0));
+        return _mm256_cvtph_ps(_mm_setr_epi16(h(0, 0), h(0, 1), h(0, 2), h(0, 3), h(1, 0), h(1, 1), h(1, 2), h(1, 3)));
     }
 }
 
