@@ -57,6 +57,9 @@ MODEL = {"arch": "llama", "hidden": 2048, "ffn": 5632, "n_layer": 8, "n_head": 3
 ALL_TYPES = ("ptq1_0", "tq2_0", "q8_0", "pq2_0", "q2_0")
 LLAMA_CPP_TYPES = ("tq2_0", "q8_0", "q2_0")  # what mainline llama.cpp loads (not PTQ1_0/PQ2_0)
 FLOOR_PTQ1_VS_TQ2 = 0.7
+# Decode targets of issue #6: our tg over llama.cpp's TQ2_0 tg, and PTQ1_0's share of the roofline.
+DECODE_TARGETS = {"ptq1_0": 1.5, "pq2_0": 1.3, "q2_0": 1.3}
+ROOFLINE_TARGET_PTQ1 = 0.5
 PROBE_BYTES = 1 << 30
 
 
@@ -231,6 +234,24 @@ def ratio_lines(results: dict, pp: str, tg: str) -> tuple[list[str], dict]:
     return lines, ratios
 
 
+def target_lines(facts: dict, bandwidth: float, results: dict, tg: str) -> list[str]:
+    """The decode targets: ours / llama.cpp TQ2_0 (medians) per type, PTQ1_0 against the roofline."""
+    lines = []
+    theirs = results.get(("llama.cpp", "tq2_0", tg))
+    for t, want in DECODE_TARGETS.items():
+        ours = results.get(("bonsai", t, tg))
+        if ours and theirs:
+            got = ours["tps"]["median"] / theirs["tps"]["median"]
+            lines.append(f"{t.upper():6s} {tg} / llama.cpp TQ2_0: {got:.2f} (target {want}) -> "
+                         f"{'met' if got >= want else 'NOT met'}")
+    ours = results.get(("bonsai", "ptq1_0", tg))
+    if ours and "ptq1_0" in facts:
+        share = ours["tps"]["median"] / (bandwidth / facts["ptq1_0"]["bytes_per_token"])
+        lines.append(f"PTQ1_0 {tg} share of the roofline: {share:.0%} (target "
+                     f"{ROOFLINE_TARGET_PTQ1:.0%}) -> {'met' if share >= ROOFLINE_TARGET_PTQ1 else 'NOT met'}")
+    return lines
+
+
 def roofline_lines(facts: dict, bandwidth: float, results: dict, tg: str) -> list[str]:
     lines = []
     for t, f in facts.items():
@@ -366,6 +387,9 @@ def main(argv=None) -> int:
     lines, ratios = ratio_lines(results, pp, tg)
     print("\nratios:")
     for line in lines or ["(no llama.cpp rows to compare with)"]:
+        print("  " + line)
+    print("\ndecode targets (issue #6; on a loaded machine compare -t 1 runs too):")
+    for line in target_lines(facts, bandwidth, results, tg) or ["(needs the PTQ1_0 row)"]:
         print("  " + line)
 
     if args.json:

@@ -134,6 +134,22 @@ def test_cached_token_by_token_equals_one_batch(model_dir, arch):
     np.testing.assert_allclose(steps, full, rtol=0, atol=2e-4 * np.abs(full).max())
 
 
+@pytest.mark.parametrize("flash", [False, True])
+def test_int8_decode_bit_identical_across_thread_counts(model_dir, flash):
+    # Each output row and attention head is computed by exactly one thread with the same
+    # operations whatever the split, so the logits must not depend on the thread count.
+    _, _, m = get_model(model_dir, "qwen2", "TQ2_0", True, "F16")
+    toks = TOKENS[:20]
+    runs = []
+    for threads in (1, 2, 3):
+        with ctx_for(m, n_threads=threads, act_mode="int8", flash_attn=flash) as ctx:
+            prompt = ctx.decode(toks[:12], logits="last")
+            steps = [ctx.decode([t], logits="last") for t in toks[12:]]
+            runs.append(np.concatenate([prompt] + steps))
+    for r in runs[1:]:
+        assert np.array_equal(r, runs[0])
+
+
 def test_chunked_prefill_and_flash_attention_agree(model_dir):
     _, _, m = get_model(model_dir, "qwen2", "F16", False, "F16")
     toks = TOKENS[:40]

@@ -43,6 +43,32 @@ void matmul_on_path(const WeightView& w, const float* x, int64_t n_tokens, float
     cpu::matmul_cpu(w, x, n_tokens, y, mode, pool, path);
 }
 
+void matmul_shared_input_on_path(const WeightView* const* ws, float* const* ys, int n, const float* x,
+                                 int64_t n_tokens, ActMode mode, ThreadPool& pool, CpuPath path) {
+    if (n < 1 || !ws || !ys) throw Error("matmul_shared_input: needs at least one weight and output");
+    for (int i = 0; i < n; ++i) {
+        if (!ws[i]) throw Error("matmul_shared_input: weight " + std::to_string(i) + " is null");
+        validate_weight("matmul_shared_input", *ws[i]);
+        if (ws[i]->cols != ws[0]->cols)
+            throw Error("matmul_shared_input: weight " + std::to_string(i) + " has " + std::to_string(ws[i]->cols) +
+                        " columns, weight 0 has " + std::to_string(ws[0]->cols) + " (they must share one input)");
+        if (n_tokens > 0 && ws[i]->rows > 0 && !ys[i])
+            throw Error("matmul_shared_input: null output pointer for weight " + std::to_string(i));
+    }
+    if (n_tokens < 0) throw Error("matmul_shared_input: n_tokens must be >= 0 (got " + std::to_string(n_tokens) + ")");
+    if (n_tokens > 0 && !x) throw Error("matmul_shared_input: null activation pointer");
+    if (mode != ActMode::INT8 && mode != ActMode::FLOAT) throw Error("matmul_shared_input: unknown activation mode");
+    if (!cpu::cpu_path_available(path))
+        throw Error(std::string("matmul_shared_input: CPU path '") + cpu_path_name(path) +
+                    "' is not supported by this CPU");
+    cpu::matmul_shared_input_cpu(ws, ys, n, x, n_tokens, mode, pool, path);
+}
+
+void matmul_shared_input(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tokens,
+                         ActMode mode, ThreadPool& pool) {
+    matmul_shared_input_on_path(ws, ys, n, x, n_tokens, mode, pool, active_cpu_path());
+}
+
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool) {
     matmul_on_path(w, x, n_tokens, y, mode, pool, active_cpu_path());
 }

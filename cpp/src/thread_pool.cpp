@@ -1,6 +1,15 @@
-// ThreadPool: workers wait on a generation counter (spin, then a condition variable); the caller
-// publishes a job, bumps the generation, runs chunk 0 itself and waits until every worker has
-// acknowledged the generation, so job fields are never overwritten while a worker still reads them.
+// ThreadPool: one job at a time, its parts claimed by whoever comes first.
+//
+// A job is fn, n and `parts` contiguous chunks. Publishing stores the job fields, then one 64-bit
+// atomic word `claim` = generation << 32 | parts << 16 | next part (release). Every participant
+// (the caller and the workers) claims parts by a compare-and-swap that increments `next` only
+// while the generation is still the one it saw and next < parts, so a claim always refers to the
+// job whose fields it then reads (acquire); a worker that wakes up late sees an exhausted or newer
+// word and claims nothing stale. The caller claims parts too, so a worker that the OS has not
+// scheduled does not hold the caller back: the caller only waits for parts already claimed, and
+// job fields are not overwritten before every claimed part has finished (`done` == parts).
+// Workers spin briefly on the generation, then sleep on a condition variable; the caller wakes
+// them only when some sleep. While waiting for claimed parts the caller spins, then yields.
 #include "bonsai/thread_pool.h"
 
 #include <atomic>
@@ -23,64 +32,82 @@ namespace bonsai {
 
 namespace {
 constexpr int kSpinIterations = 4000;  // ~tens of microseconds before a worker goes to sleep
+constexpr int kMaxThreads = 0xFFFF;  // parts (<= threads) are 16 bits of the claim word
 thread_local bool t_inside_pool = false;
+
+inline uint32_t word_gen(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
+inline int word_parts(uint64_t w) { return static_cast<int>((w >> 16) & 0xFFFF); }
+inline int word_next(uint64_t w) { return static_cast<int>(w & 0xFFFF); }
 }  // namespace
 
 struct ThreadPool::State {
     int n_threads = 1;
     std::vector<std::thread> workers;
     std::mutex m;
-    std::condition_variable cv_work, cv_done;
-    std::atomic<uint64_t> generation{0};
-    std::atomic<int> pending{0};
-    bool stop = false;
+    std::condition_variable cv_work;
+    std::atomic<uint64_t> claim{0};  // generation << 32 | parts << 16 | next part
+    std::atomic<int> done{0};        // finished parts of the current job
+    std::atomic<int> sleepers{0};    // workers waiting on cv_work
+    std::atomic<bool> stop{false};
 
     const std::function<void(int64_t, int64_t, int)>* fn = nullptr;  // job of the current generation
     int64_t n = 0;
-    int parts = 0;
 
     std::mutex call_m;  // one parallel_for at a time
     std::mutex err_m;
     std::exception_ptr err;
 
-    void run_chunk(int i) {
-        const int64_t begin = n * i / parts, end = n * (i + 1) / parts;
-        if (begin >= end) return;
-        try {
-            (*fn)(begin, end, i);
-        } catch (...) {
-            std::lock_guard<std::mutex> lk(err_m);
-            if (!err) err = std::current_exception();
+    // Claims and runs parts of generation `gen` until none is left; returns when it got none.
+    void run_parts(uint32_t gen, int thread) {
+        uint64_t w = claim.load(std::memory_order_acquire);
+        for (;;) {
+            if (word_gen(w) != gen || word_next(w) >= word_parts(w)) return;
+            if (!claim.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+            const int parts = word_parts(w), i = word_next(w);
+            const int64_t begin = n * i / parts, end = n * (i + 1) / parts;
+            if (begin < end) {
+                try {
+                    (*fn)(begin, end, thread);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lk(err_m);
+                    if (!err) err = std::current_exception();
+                }
+            }
+            done.fetch_add(1, std::memory_order_acq_rel);
+            w = claim.load(std::memory_order_acquire);
         }
     }
 
     void worker_loop(int index) {
         t_inside_pool = true;
-        uint64_t seen = 0;
+        uint32_t seen = 0;
         for (;;) {
-            for (int s = 0; s < kSpinIterations && generation.load(std::memory_order_acquire) == seen; ++s)
+            uint32_t gen = word_gen(claim.load(std::memory_order_acquire));
+            for (int s = 0; s < kSpinIterations && gen == seen && !stop.load(std::memory_order_relaxed); ++s) {
                 BONSAI_CPU_RELAX();
-            if (generation.load(std::memory_order_acquire) == seen) {
+                gen = word_gen(claim.load(std::memory_order_acquire));
+            }
+            if (gen == seen) {
                 std::unique_lock<std::mutex> lk(m);
-                cv_work.wait(lk, [&] { return stop || generation.load(std::memory_order_acquire) != seen; });
+                sleepers.fetch_add(1, std::memory_order_seq_cst);
+                cv_work.wait(lk, [&] {
+                    return stop.load(std::memory_order_acquire) ||
+                           word_gen(claim.load(std::memory_order_seq_cst)) != seen;
+                });
+                sleepers.fetch_sub(1, std::memory_order_relaxed);
+                gen = word_gen(claim.load(std::memory_order_acquire));
             }
-            {
-                std::lock_guard<std::mutex> lk(m);
-                if (stop) return;
-            }
-            seen = generation.load(std::memory_order_acquire);
-            if (index < parts) run_chunk(index);
-            if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-                std::lock_guard<std::mutex> lk(m);
-                cv_done.notify_one();
-            }
+            if (stop.load(std::memory_order_acquire)) return;
+            seen = gen;
+            run_parts(gen, index);
         }
     }
 };
 
 ThreadPool::ThreadPool(int n_threads) : st_(new State) {
-    if (n_threads < 1)
-        throw Error("ThreadPool: n_threads must be >= 1 (got " + std::to_string(n_threads) + ")");
+    if (n_threads < 1 || n_threads > kMaxThreads)
+        throw Error("ThreadPool: n_threads must be between 1 and " + std::to_string(kMaxThreads) + " (got " +
+                    std::to_string(n_threads) + ")");
     st_->n_threads = n_threads;
     st_->workers.reserve(n_threads - 1);
     for (int i = 1; i < n_threads; ++i) st_->workers.emplace_back([s = st_.get(), i] { s->worker_loop(i); });
@@ -89,8 +116,7 @@ ThreadPool::ThreadPool(int n_threads) : st_(new State) {
 ThreadPool::~ThreadPool() {
     {
         std::lock_guard<std::mutex> lk(st_->m);
-        st_->stop = true;
-        st_->generation.fetch_add(1, std::memory_order_acq_rel);
+        st_->stop.store(true, std::memory_order_release);
     }
     st_->cv_work.notify_all();
     for (auto& t : st_->workers) t.join();
@@ -106,24 +132,25 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
         return;
     }
     std::lock_guard<std::mutex> call_lock(s.call_m);
+    const int parts = static_cast<int>(n < s.n_threads ? n : s.n_threads);
     s.fn = &fn;
     s.n = n;
-    s.parts = static_cast<int>(n < s.n_threads ? n : s.n_threads);
     s.err = nullptr;
-    s.pending.store(s.n_threads - 1, std::memory_order_release);
-    {
-        std::lock_guard<std::mutex> lk(s.m);
-        s.generation.fetch_add(1, std::memory_order_acq_rel);
+    s.done.store(0, std::memory_order_relaxed);
+    const uint32_t gen = word_gen(s.claim.load(std::memory_order_relaxed)) + 1;
+    s.claim.store(static_cast<uint64_t>(gen) << 32 | static_cast<uint64_t>(parts) << 16, std::memory_order_seq_cst);
+    if (s.sleepers.load(std::memory_order_seq_cst) > 0) {
+        std::lock_guard<std::mutex> lk(s.m);  // a worker between its check and its wait sees the new word
+        s.cv_work.notify_all();
     }
-    s.cv_work.notify_all();
     t_inside_pool = true;
-    s.run_chunk(0);
+    s.run_parts(gen, 0);
     t_inside_pool = false;
-    for (int i = 0; i < kSpinIterations && s.pending.load(std::memory_order_acquire) != 0; ++i)
-        BONSAI_CPU_RELAX();
-    if (s.pending.load(std::memory_order_acquire) != 0) {
-        std::unique_lock<std::mutex> lk(s.m);
-        s.cv_done.wait(lk, [&] { return s.pending.load(std::memory_order_acquire) == 0; });
+    for (int i = 0; s.done.load(std::memory_order_acquire) != parts; ++i) {
+        if (i < kSpinIterations)
+            BONSAI_CPU_RELAX();
+        else
+            std::this_thread::yield();
     }
     s.fn = nullptr;
     if (s.err) std::rethrow_exception(s.err);

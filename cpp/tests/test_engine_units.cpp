@@ -1,7 +1,8 @@
 // Unit tests of the engine pieces that need no model file: the sampler (greedy, filters,
 // determinism under a seed, validation), the KV cache cells (claim, seq_rm / seq_cp / seq_keep,
 // f16 and q8_0 round trips, type checks) and the building blocks (RMSNorm, both rope layouts,
-// softmax, attention's two variants against each other and against a direct computation).
+// softmax, attention's two variants against each other and against a direct computation, and
+// every CPU path's attention against the scalar one on longer caches shared by two sequences).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "../backends/cpu/layers_cpu.h"
 #include "bonsai/error.h"
 #include "bonsai/kv_cache.h"
+#include "bonsai/ops.h"
 #include "bonsai/quants.h"
 #include "bonsai/sampling.h"
 #include "bonsai/thread_pool.h"
@@ -215,10 +217,82 @@ static void test_blocks() {
     }
 }
 
+// Every CPU path against the scalar attention: two interleaved sequences over a few hundred cells
+// (more than one flash block), f16 / q8_0 K and V, head sizes with and without a partial 16-lane
+// chunk, n_rep 1 and 4, one and several query tokens, both variants.
+static void test_attention_paths() {
+    struct Shape {
+        int64_t head_dim, n_head, n_head_kv;
+        GgmlType tk, tv;
+    };
+    const Shape shapes[] = {{64, 8, 2, TYPE_F16, TYPE_F16},   {40, 4, 4, TYPE_F16, TYPE_F16},
+                            {64, 8, 2, TYPE_Q8_0, TYPE_Q8_0}, {32, 12, 1, TYPE_F16, TYPE_Q8_0},
+                            {96, 4, 2, TYPE_Q8_0, TYPE_F16}};
+    std::mt19937 g(11);
+    std::normal_distribution<float> nd;
+    ThreadPool pool(2);
+    const CpuPath saved = active_cpu_path();
+    for (const Shape& sh : shapes) {
+        KvCacheParams p;
+        p.n_cells = 300;
+        p.n_layer = 2;
+        p.head_dim = sh.head_dim;
+        p.n_embd_kv = sh.n_head_kv * sh.head_dim;
+        p.type_k = sh.tk;
+        p.type_v = sh.tv;
+        KvCache kv(p);
+        std::vector<float> k(p.n_embd_kv), v(p.n_embd_kv);
+        int32_t next_pos[2] = {0, 0};
+        for (int32_t c = 0; c < 290; ++c) {  // sequence 0 gets about two thirds of the cells
+            const int seq = (c % 3 == 2) ? 1 : 0;
+            kv.claim(c, next_pos[seq]++, uint64_t{1} << seq);
+            for (int64_t l = 0; l < 2; ++l) {
+                for (float& x : k) x = nd(g) * 2.0f;
+                for (float& x : v) x = nd(g);
+                kv.store(l, c, k.data(), v.data());
+            }
+        }
+        const int64_t n_q = sh.n_head * sh.head_dim;
+        const int32_t qpos[3] = {next_pos[0] - 1, next_pos[1] - 1, 50};
+        const uint64_t qseq[3] = {1, 2, 1};
+        std::vector<float> q(3 * n_q);
+        for (float& x : q) x = nd(g);
+        const size_t per = attention_scratch_floats(p.n_cells, sh.n_head, sh.n_head_kv, sh.head_dim);
+        std::vector<float> scratch(per * 2);
+        for (bool flash : {false, true}) {
+            AttentionArgs a;
+            a.q = q.data();
+            a.n_tokens = 3;
+            a.pos = qpos;
+            a.seq_mask = qseq;
+            a.kv = &kv;
+            a.layer = 1;
+            a.n_head = sh.n_head;
+            a.n_head_kv = sh.n_head_kv;
+            a.head_dim = sh.head_dim;
+            a.scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
+            a.flash = flash;
+            std::vector<float> ref(3 * n_q), out(3 * n_q);
+            set_cpu_path(CpuPath::SCALAR);
+            a.out = ref.data();
+            attention(a, scratch.data(), per, pool);
+            for (CpuPath path : available_cpu_paths()) {
+                set_cpu_path(path);
+                std::fill(out.begin(), out.end(), NAN);
+                a.out = out.data();
+                attention(a, scratch.data(), per, pool);
+                for (size_t i = 0; i < out.size(); ++i) CHECK(std::fabs(out[i] - ref[i]) < 2e-5f);
+            }
+        }
+    }
+    set_cpu_path(saved);
+}
+
 int main() {
     test_sampler();
     test_kv_cache();
     test_blocks();
+    test_attention_paths();
     if (g_failures) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);
         return 1;

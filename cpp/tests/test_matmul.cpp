@@ -1,6 +1,7 @@
 // C++ unit test of the thread pool and the CPU matmul: chunk coverage, exceptions and nesting in
 // ThreadPool; INT8 results bit-identical across every available path and thread count, close to a
-// double-precision reference built from the scalar block unpacker; shape errors throw.
+// double-precision reference built from the scalar block unpacker; matmul_shared_input equal bit for
+// bit to separate matmul calls; shape errors throw.
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -58,6 +59,19 @@ static void test_thread_pool() {
             pool.parallel_for(e - b, [&](int64_t ib, int64_t ie, int) { inner += static_cast<int>(ie - ib); });
         });
         CHECK(inner.load() == 4);
+        // Back-to-back jobs of varying size: every index exactly once per call (no part lost or
+        // run twice when a late worker meets a newer job).
+        std::vector<std::atomic<int>> seen(8);
+        bool all_once = true;
+        for (int call = 0; call < 3000; ++call) {
+            const int64_t n = 1 + call % 8;
+            for (auto& h : seen) h = 0;
+            pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+                for (int64_t i = b; i < e; ++i) seen[i]++;
+            });
+            for (int64_t i = 0; i < 8; ++i) all_once = all_once && seen[i].load() == (i < n ? 1 : 0);
+        }
+        CHECK(all_once);
     }
     CHECK(throws([] { ThreadPool p(0); }));
 }
@@ -167,6 +181,63 @@ static void test_no_read_past_end() {
 #endif
 }
 
+// matmul_shared_input against one matmul per weight, bit for bit: mixed types (two INT8 layouts
+// sharing a quantization, a third of its own, a float weight), odd row counts, 1..5 tokens, every
+// path, both AVX-512 base-3 unpackers, 1 and 2 threads, both modes; more weights than one
+// dispatch holds; mismatched columns throw.
+static void test_shared_input() {
+    const int64_t cols = 512;
+    const GgmlType types[] = {TYPE_PTQ1_0, TYPE_PTQ1_0, TYPE_Q8_0, TYPE_F16, TYPE_PQ2_0, TYPE_Q2_0, TYPE_TQ2_0};
+    const int64_t rows[] = {37, 5, 66, 19, 1, 23, 9};
+    constexpr int n = 7;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<std::vector<uint8_t>> w;
+    std::vector<WeightView> wv;
+    for (int i = 0; i < n; ++i) w.push_back(random_weight(types[i], rows[i], cols, rng));
+    for (int i = 0; i < n; ++i) wv.push_back(WeightView{types[i], w[i].data(), rows[i], cols, type_row_bytes(types[i], cols)});
+    ThreadPool pool1(1), pool2(2);
+    for (int64_t nt : {1, 2, 5}) {
+        std::vector<float> x(static_cast<size_t>(nt * cols));
+        for (auto& v : x) v = nd(rng);
+        for (CpuPath p : available_cpu_paths())
+            for (ThreadPool* pool : {&pool1, &pool2})
+                for (ActMode mode : {ActMode::INT8, ActMode::FLOAT})
+                    for (bool vbmi : {false, true}) {
+                        cpu::set_avx512_vbmi_enabled(vbmi);
+                        std::vector<std::vector<float>> want(n), got(n);
+                        const WeightView* ws[n];
+                        float* ys[n];
+                        for (int i = 0; i < n; ++i) {
+                            want[i].assign(static_cast<size_t>(nt * rows[i]), 0.0f);
+                            got[i].assign(want[i].size(), -1.0f);
+                            matmul_on_path(wv[i], x.data(), nt, want[i].data(), mode, *pool, p);
+                            ws[i] = &wv[i];
+                            ys[i] = got[i].data();
+                        }
+                        matmul_shared_input_on_path(ws, ys, n, x.data(), nt, mode, *pool, p);
+                        for (int i = 0; i < n; ++i)
+                            CHECK(std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)) == 0);
+                    }
+        cpu::set_avx512_vbmi_enabled(true);
+    }
+    // 20 weights: more than one dispatch holds.
+    std::vector<const WeightView*> many(20, &wv[0]);
+    std::vector<std::vector<float>> outs(20, std::vector<float>(static_cast<size_t>(rows[0])));
+    std::vector<float*> ys;
+    for (auto& o : outs) ys.push_back(o.data());
+    std::vector<float> x(static_cast<size_t>(cols)), want(static_cast<size_t>(rows[0]));
+    for (auto& v : x) v = nd(rng);
+    matmul(wv[0], x.data(), 1, want.data(), ActMode::INT8, pool2);
+    matmul_shared_input(many.data(), ys.data(), 20, x.data(), 1, ActMode::INT8, pool2);
+    for (auto& o : outs) CHECK(std::memcmp(o.data(), want.data(), want.size() * sizeof(float)) == 0);
+    std::vector<uint8_t> narrow = random_weight(TYPE_PTQ1_0, 4, 256, rng);
+    const WeightView nv{TYPE_PTQ1_0, narrow.data(), 4, 256, type_row_bytes(TYPE_PTQ1_0, 256)};
+    const WeightView* mixed[2] = {&wv[0], &nv};
+    float* mixed_y[2] = {outs[0].data(), outs[1].data()};
+    CHECK(throws([&] { matmul_shared_input(mixed, mixed_y, 2, x.data(), 1, ActMode::INT8, pool1); }));
+}
+
 static void test_errors_and_paths() {
     ThreadPool pool(1);
     std::vector<uint8_t> w(4 * 28);
@@ -191,6 +262,7 @@ int main() {
     test_thread_pool();
     test_int8_paths();
     test_no_read_past_end();
+    test_shared_input();
     test_errors_and_paths();
     if (g_failures) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);

@@ -1,8 +1,16 @@
-// CPU matmul dispatch: quantizes the activations once per token (INT8 mode), then splits the
-// output rows over the thread pool in tiles of 4 rows and runs the kernel of the chosen path.
+// CPU matmul dispatch: quantizes the activations once per token (INT8 mode; once per distinct
+// unit layout when several weights share one input), then splits the output rows of every weight
+// over the thread pool in tiles of 4 rows and runs the kernel of the chosen path.
+//
+// One token (decode): the tiles of all weights form one list, handed out in chunks of about
+// 1/kChunksPerThread of a thread's share through an atomic counter, so a thread that was
+// descheduled or slowed by other load leaves its chunks to the others and the whole step is one
+// pool dispatch. Two or more tokens: each thread takes one contiguous range of each weight's tiles.
 // Scratch memory is thread-local and only grows, so steady-state calls do not allocate.
 #include "matmul.h"
 
+#include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "act_quant.h"
@@ -14,6 +22,8 @@ namespace bonsai::cpu {
 namespace {
 
 constexpr int64_t kRowTile = 4;
+constexpr int64_t kChunksPerThread = 8;
+constexpr int kMaxLayouts = 4;  // distinct INT8 layouts among the weights of one shared-input call
 
 void* grow_scratch(std::vector<uint8_t>& buf, size_t bytes) {
     if (buf.size() < bytes + 64) buf.resize(bytes + 64);
@@ -34,6 +44,8 @@ struct Job {
     CpuPath path;
     const ActInt8* act;  // nullptr in FLOAT mode
 };
+
+int64_t job_tiles(const Job& j) { return (j.w->rows + kRowTile - 1) / kRowTile; }
 
 void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end) {
     const WeightView& w = *j.w;
@@ -60,32 +72,101 @@ void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end) {
     }
 }
 
+// Runs tiles [begin, end) of the concatenated tile list of jobs[0..n).
+void run_tile_range(const Job* jobs, const int64_t* first_tile, int n, int64_t begin, int64_t end) {
+    for (int i = 0; i < n && begin < end; ++i) {
+        const int64_t lo = std::max(begin, first_tile[i]), hi = std::min(end, first_tile[i + 1]);
+        if (lo < hi) run_rows(jobs[i], lo - first_tile[i], hi - first_tile[i]);
+    }
+}
+
+// Quantizes the n_tokens rows of x for one layout into buf (scalar kernels need no slots).
+ActInt8 quantize_input(const Int8Layout* layout, const float* x, int64_t cols, int64_t n_tokens, CpuPath path,
+                       std::vector<uint8_t>& buf, ThreadPool& pool) {
+    const bool slots = path != CpuPath::SCALAR;
+    ActInt8 act = act_int8_setup(layout, cols, n_tokens, slots,
+                                 grow_scratch(buf, act_int8_bytes(layout, cols, n_tokens, slots)));
+    const ActInt8* ap = &act;
+    if (n_tokens >= 4 * pool.size()) {
+        pool.parallel_for(n_tokens, [ap, x](int64_t b, int64_t e, int) {
+            for (int64_t t = b; t < e; ++t) quantize_act_token(*ap, x + t * ap->cols, t);
+        });
+    } else {
+        for (int64_t t = 0; t < n_tokens; ++t) quantize_act_token(act, x + t * cols, t);
+    }
+    return act;
+}
+
+void dispatch(const Job* jobs, int n, ThreadPool& pool) {
+    int64_t first_tile[kMaxLayouts * 4 + 1];
+    first_tile[0] = 0;
+    for (int i = 0; i < n; ++i) first_tile[i + 1] = first_tile[i] + job_tiles(jobs[i]);
+    const int64_t total = first_tile[n];
+    if (total == 0) return;
+    if (jobs[0].n_tokens >= 2) {
+        for (int i = 0; i < n; ++i) {
+            const Job* jp = &jobs[i];
+            pool.parallel_for(job_tiles(*jp), [jp](int64_t b, int64_t e, int) { run_rows(*jp, b, e); });
+        }
+        return;
+    }
+    const int64_t threads = pool.size();
+    const int64_t chunk = std::max<int64_t>(1, total / (threads * kChunksPerThread));
+    const int64_t n_chunks = (total + chunk - 1) / chunk;
+    std::atomic<int64_t> next{0};
+    pool.parallel_for(std::min(threads, n_chunks), [&](int64_t, int64_t, int) {
+        for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
+             c = next.fetch_add(1, std::memory_order_relaxed))
+            run_tile_range(jobs, first_tile, n, c * chunk, std::min(total, (c + 1) * chunk));
+    });
+}
+
 }  // namespace
 
 void matmul_cpu(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool,
                 CpuPath path) {
-    if (w.rows == 0 || n_tokens == 0) return;
-    const Int8Layout* layout = int8_layout(w.type);
-    Job job{&w, x, n_tokens, y, path, nullptr};
-    ActInt8 act;
-    if (mode == ActMode::INT8 && layout) {
-        static thread_local std::vector<uint8_t> act_buf;
-        const bool slots = path != CpuPath::SCALAR;
-        act = act_int8_setup(layout, w.cols, n_tokens, slots,
-                             grow_scratch(act_buf, act_int8_bytes(layout, w.cols, n_tokens, slots)));
-        const ActInt8* ap = &act;
-        if (n_tokens >= 4 * pool.size()) {
-            pool.parallel_for(n_tokens, [ap, x](int64_t b, int64_t e, int) {
-                for (int64_t t = b; t < e; ++t) quantize_act_token(*ap, x + t * ap->cols, t);
-            });
-        } else {
-            for (int64_t t = 0; t < n_tokens; ++t) quantize_act_token(act, x + t * w.cols, t);
+    const WeightView* ws[1] = {&w};
+    float* ys[1] = {y};
+    matmul_shared_input_cpu(ws, ys, 1, x, n_tokens, mode, pool, path);
+}
+
+void matmul_shared_input_cpu(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tokens,
+                             ActMode mode, ThreadPool& pool, CpuPath path) {
+    if (n_tokens == 0) return;
+    static thread_local std::vector<uint8_t> act_buf[kMaxLayouts];
+    const Int8Layout* layouts[kMaxLayouts];
+    ActInt8 acts[kMaxLayouts];
+    int n_layouts = 0;
+    Job jobs[kMaxLayouts * 4];
+    int n_jobs = 0;
+    for (int i = 0; i < n; ++i) {
+        if (n_jobs == kMaxLayouts * 4) {  // more weights than one dispatch holds: run what is queued
+            dispatch(jobs, n_jobs, pool);
+            n_jobs = 0;
+            n_layouts = 0;
         }
-        job.act = &act;
+        const WeightView& w = *ws[i];
+        Job job{&w, x, n_tokens, ys[i], path, nullptr};
+        const Int8Layout* layout = int8_layout(w.type);
+        if (mode == ActMode::INT8 && layout) {
+            int k = 0;
+            while (k < n_layouts && layouts[k] != layout) ++k;
+            if (k == n_layouts) {
+                if (n_layouts == kMaxLayouts) {
+                    dispatch(jobs, n_jobs, pool);
+                    n_jobs = 0;
+                    n_layouts = 0;
+                    k = 0;
+                }
+                layouts[k] = layout;
+                acts[k] = quantize_input(layout, x, w.cols, n_tokens, path, act_buf[k], pool);
+                ++n_layouts;
+            }
+            job.act = &acts[k];
+        }
+        if (w.rows > 0) jobs[n_jobs++] = job;
     }
-    const Job* jp = &job;
-    pool.parallel_for((w.rows + kRowTile - 1) / kRowTile,
-                      [jp](int64_t b, int64_t e, int) { run_rows(*jp, b, e); });
+    if (n_jobs > 0) dispatch(jobs, n_jobs, pool);
 }
 
 }  // namespace bonsai::cpu

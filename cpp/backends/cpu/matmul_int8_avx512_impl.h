@@ -10,7 +10,10 @@
 // ((b * 3^n mod 256) * 3) >> 8. Without VBMI: a 16-bit multiply by 3^n << 8 leaves (b * 3^n mod 256)
 // of the even byte in the high byte (the odd byte is masked to the high byte and multiplied by
 // 3^n), and vpmulhuw by 3 (or 3 << 8) takes the trit. With VBMI: two vpermi2b lookups into a
-// 256-byte table of trit n (built from the same rule) and a blend on the byte's top bit.
+// 256-byte table of trit n (built from the same rule) and a blend on the byte's top bit; the
+// one-token tiles instead take trit 0 as (b > 85) + (b > 170) and trit n >= 1 as two lookups with
+// no blend (trit_n), and unpack trit n of all four rows before n + 1, so only one trit's
+// constants are live at a time.
 // 2-bit and 4-bit codes are shifts and masks; Q8_0 uses |w| and the activation negated where w < 0.
 //
 // Tiles: one token computes 4 rows x 1 token, sharing the activation loads and prefetching the
@@ -45,10 +48,22 @@ constexpr int kPrefetchRows = 16;
 #if BONSAI_TRIT_LUT
 struct TritTables {
     alignas(64) uint8_t t[5][256];  // t[n][b] = trit n of byte b (0, 1, 2)
+    // For n >= 1: lo[n][i] = trit n of byte i < 128; hi[n][b - 128] = an index i < 128 with the
+    // same trit n as byte b >= 128 (each trit value occurs below 128 for n >= 1).
+    alignas(64) uint8_t lo[5][128];
+    alignas(64) uint8_t hi[5][128];
     TritTables() {
         const int pow3[5] = {1, 3, 9, 27, 81};
         for (int n = 0; n < 5; ++n)
             for (int b = 0; b < 256; ++b) t[n][b] = static_cast<uint8_t>((static_cast<uint8_t>(b * pow3[n]) * 3) >> 8);
+        for (int n = 1; n < 5; ++n) {
+            int first[3] = {-1, -1, -1};
+            for (int i = 0; i < 128; ++i) {
+                lo[n][i] = t[n][i];
+                if (first[t[n][i]] < 0) first[t[n][i]] = i;
+            }
+            for (int b = 128; b < 256; ++b) hi[n][b - 128] = static_cast<uint8_t>(first[t[n][b]]);
+        }
     }
 };
 const TritTables kTrits;
@@ -79,6 +94,35 @@ BONSAI_AVX512 inline void trits5(__m512i src, __m512i* c) {
     }
 }
 #endif
+
+// Trit n of every byte of src, for the one-token tiles that unpack trit n of all their rows
+// before moving to n + 1 (only one trit's constants live at a time). top: the bytes' top bits.
+BONSAI_AVX512 inline __m512i trit_n(__m512i src, __mmask64 top, int n) {
+#if BONSAI_TRIT_LUT
+    // Trit 0 is (b > 85) + (b > 170). For n >= 1 the bytes >= 128 are first looked up (merge-masked)
+    // in hi[n] to a stand-in index below 128; every byte then looks up lo[n]. No blend.
+    if (n == 0) {
+        const __m512i one = _mm512_set1_epi8(1);
+        const __m512i c = _mm512_maskz_mov_epi8(_mm512_cmpgt_epu8_mask(src, _mm512_set1_epi8(85)), one);
+        return _mm512_mask_add_epi8(c, _mm512_cmpgt_epu8_mask(src, _mm512_set1_epi8(static_cast<char>(170))), c, one);
+    }
+    const __m512i* hi = reinterpret_cast<const __m512i*>(kTrits.hi[n]);
+    const __m512i* lo = reinterpret_cast<const __m512i*>(kTrits.lo[n]);
+    const __m512i idx = _mm512_mask2_permutex2var_epi8(_mm512_load_si512(hi), src, top, _mm512_load_si512(hi + 1));
+    return _mm512_permutex2var_epi8(_mm512_load_si512(lo), idx, _mm512_load_si512(lo + 1));
+#else
+    (void)top;
+    constexpr short pow3[5] = {1, 3, 9, 27, 81};
+    const __m512i hi_mask = _mm512_set1_epi16(static_cast<short>(0xFF00));
+    const __m512i odd = _mm512_and_si512(src, hi_mask);
+    const __m512i pe = n == 0 ? _mm512_slli_epi16(src, 8)
+                              : _mm512_mullo_epi16(src, _mm512_set1_epi16(static_cast<short>(pow3[n] << 8)));
+    const __m512i po = n == 0 ? odd : _mm512_mullo_epi16(odd, _mm512_set1_epi16(pow3[n]));
+    const __m512i te = _mm512_mulhi_epu16(pe, _mm512_set1_epi16(3));
+    const __m512i to = _mm512_mulhi_epu16(po, _mm512_set1_epi16(3 << 8));
+    return _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);
+#endif
+}
 
 BONSAI_AVX512 inline void fields2(__m512i src, __m512i* c) {
     const __m512i m3 = _mm512_set1_epi8(3);
@@ -115,7 +159,7 @@ BONSAI_AVX512 inline __m512i load2x32(const uint8_t* p, int off, int stride, int
 // unit's block g is 16-bit word kDWord + 16 g of the loaded zmm (its codes meet zero activations).
 struct KPtq1 {
     static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 13;
-    static constexpr bool kSigned = false;
+    static constexpr bool kSigned = false, kTrits = true;
     // more: another unit follows in the row, so plain 32-byte loads may run 4 bytes into it (those
     // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool more) {
@@ -131,7 +175,7 @@ struct KPtq1 {
 
 struct KTq1 {
     static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26;
-    static constexpr bool kSigned = false;
+    static constexpr bool kSigned = false, kTrits = true;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
         if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
         return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
@@ -142,28 +186,28 @@ struct KTq1 {
 
 struct KTq2 {
     static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64, kDWord = -1;
-    static constexpr bool kSigned = false;
+    static constexpr bool kSigned = false, kTrits = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g64 {
     static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false;
+    static constexpr bool kSigned = false, kTrits = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g128 {
     static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false;
+    static constexpr bool kSigned = false, kTrits = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ4 {
     static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false;
+    static constexpr bool kSigned = false, kTrits = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) {
         const __m512i m4 = _mm512_set1_epi8(15);
@@ -174,7 +218,7 @@ struct KQ4 {
 
 struct KQ8 {
     static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = true;
+    static constexpr bool kSigned = true, kTrits = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = src; }
 };
@@ -242,10 +286,12 @@ BONSAI_AVX512 inline __m256 unit_scales(const __m512i* src, const uint8_t* const
         return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, order, b)));
     } else {
         static_assert(K::G <= 2 || K::kDWord < 0, "scale extraction covers at most two blocks");
-        alignas(16) uint16_t h[8] = {};
-        for (int g = 0; g < nin; ++g)
-            for (int i = 0; i < 4; ++i) h[4 * g + i] = load_u16(p[i] + g * K::kBytes + K::kDOff);
-        return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+        // Built in registers (vpinsrw): eight 2-byte stores read back as one vector would stall
+        // on store forwarding.
+        auto h = [&](int g, int i) { return static_cast<short>(load_u16(p[i] + g * K::kBytes + K::kDOff)); };
+        if (K::G == 1 || nin < 2)
+            return _mm256_cvtph_ps(_mm_setr_epi16(h(0, 0), h(0, 1), h(0, 2), h(0, 3), 0, 0, 0, 0));
+        return _mm256_cvtph_ps(_mm_setr_epi16(h(0, 0), h(0, 1), h(0, 2), h(0, 3), h(1, 0), h(1, 1), h(1, 2), h(1, 3)));
     }
 }
 
@@ -268,13 +314,28 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
         const int8_t* au = act + u * K::C * 64;
         const uint8_t* p[4];
         __m512i src[4], s[4];
-        for (int i = 0; i < 4; ++i) {
-            p[i] = rows[i] + u * unit_bytes;
-            _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
-            src[i] = K::load(p[i], nin, u + 1 < nu);
-            __m512i c[K::C];
-            K::codes(src[i], c);
-            s[i] = dot_unit<K>(c, au);
+        if constexpr (K::kTrits) {
+            __mmask64 top[4];
+            for (int i = 0; i < 4; ++i) {
+                p[i] = rows[i] + u * unit_bytes;
+                _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
+                src[i] = K::load(p[i], nin, u + 1 < nu);
+                top[i] = _mm512_movepi8_mask(src[i]);
+                s[i] = _mm512_setzero_si512();
+            }
+            for (int n = 0; n < 5; ++n) {
+                const __m512i a = _mm512_load_si512(au + 64 * n);
+                for (int i = 0; i < 4; ++i) s[i] = _mm512_dpbusd_epi32(s[i], trit_n(src[i], top[i], n), a);
+            }
+        } else {
+            for (int i = 0; i < 4; ++i) {
+                p[i] = rows[i] + u * unit_bytes;
+                _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
+                src[i] = K::load(p[i], nin, u + 1 < nu);
+                __m512i c[K::C];
+                K::codes(src[i], c);
+                s[i] = dot_unit<K>(c, au);
+            }
         }
         const __m512i red = reduce4(s);
         if constexpr (K::G <= 2) {

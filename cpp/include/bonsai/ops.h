@@ -35,6 +35,14 @@ struct WeightView {  // a 2-D weight as stored in the file (GGUF ne0 = cols)
 // math. Throws bonsai::Error for an unknown type or inconsistent shapes.
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool);
 
+// Several weights that read the same input x [n_tokens, cols] (q/k/v, gate/up): ys[i] (of
+// [n_tokens, ws[i]->rows]) gets exactly what matmul(*ws[i], x, ...) gives, bit for bit. In INT8
+// mode x is quantized once per distinct weight layout instead of once per weight, and for one
+// token all weights' rows are computed in one thread-pool dispatch. Throws as matmul does, and
+// when a weight's cols differ from the first's.
+void matmul_shared_input(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tokens,
+                         ActMode mode, ThreadPool& pool);
+
 // Embedding gather from any type: out[i*cols + k] = W[ids[i], k] (dequantized). Throws for an id
 // outside [0, rows).
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out);
@@ -52,5 +60,7 @@ void set_cpu_path(CpuPath path);                      // throws if the CPU lacks
 // matmul on an explicit CPU path (throws if the CPU lacks its features).
 void matmul_on_path(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode,
                     ThreadPool& pool, CpuPath path);
+void matmul_shared_input_on_path(const WeightView* const* ws, float* const* ys, int n, const float* x,
+                                 int64_t n_tokens, ActMode mode, ThreadPool& pool, CpuPath path);
 
 }  // namespace bonsai

@@ -1,9 +1,12 @@
 // A persistent pool of worker threads for the CPU kernels.
 //
 // parallel_for(n, fn) splits [0, n) into size() contiguous chunks (fewer when n is small) and runs
-// fn(begin, end, thread_index) on them; the calling thread takes chunk 0, so a pool of one thread
-// runs everything inline. Workers spin briefly on a generation counter before sleeping on a
-// condition variable, which keeps the hand-off cheap for the many short matmuls of a decode step.
+// fn(begin, end, thread_index) on them; each chunk is claimed by whichever thread comes first,
+// the caller included (so a worker the OS has not scheduled yet does not hold the call back, and
+// one thread may run several chunks; thread_index is unique per running thread, 0 the caller).
+// A pool of one thread runs everything inline. Workers spin briefly on a generation counter
+// before sleeping on a condition variable, which keeps the hand-off cheap for the many short
+// matmuls of a decode step.
 // Calls from several threads are serialized; a parallel_for issued from inside a running chunk
 // runs inline (no deadlock). The first exception thrown by a chunk is rethrown to the caller.
 #pragma once

@@ -81,9 +81,9 @@ void begin_forward(const Model& m, ForwardState& st) {
 void project_qkv(const Model& m, const LayerWeights& w, ForwardState& st) {
     const Hparams& hp = m.hparams();
     rms_norm(st.x, w.attn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
-    matmul(w.wq, st.cur, st.n_tokens, st.q, st.act, *st.pool);
-    matmul(w.wk, st.cur, st.n_tokens, st.k, st.act, *st.pool);
-    matmul(w.wv, st.cur, st.n_tokens, st.v, st.act, *st.pool);
+    const WeightView* ws[3] = {&w.wq, &w.wk, &w.wv};
+    float* ys[3] = {st.q, st.k, st.v};
+    matmul_shared_input(ws, ys, 3, st.cur, st.n_tokens, st.act, *st.pool);
 }
 
 void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st) {
@@ -115,8 +115,9 @@ void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st)
 void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st) {
     const Hparams& hp = m.hparams();
     rms_norm(st.x, w.ffn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
-    matmul(w.w_gate, st.cur, st.n_tokens, st.gate, st.act, *st.pool);
-    matmul(w.w_up, st.cur, st.n_tokens, st.up, st.act, *st.pool);
+    const WeightView* ws[2] = {&w.w_gate, &w.w_up};
+    float* ys[2] = {st.gate, st.up};
+    matmul_shared_input(ws, ys, 2, st.cur, st.n_tokens, st.act, *st.pool);
     swiglu(st.gate, st.up, st.n_tokens * hp.n_ff, st.gate);
     matmul(w.w_down, st.gate, st.n_tokens, st.cur, st.act, *st.pool);
     add_inplace(st.x, st.cur, st.n_tokens * hp.n_embd);
