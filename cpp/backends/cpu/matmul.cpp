@@ -7,6 +7,7 @@
 
 #include "act_quant.h"
 #include "cpu_features.h"
+#include "matmul_int8_gemm.h"
 #include "matmul_kernels.h"
 
 namespace bonsai::cpu {
@@ -82,6 +83,7 @@ void matmul_cpu(const WeightView& w, const float* x, int64_t n_tokens, float* y,
             for (int64_t t = 0; t < n_tokens; ++t) quantize_act_token(act, x + t * w.cols, t);
         }
         job.act = &act;
+        if (matmul_int8_gemm(w, act, y, pool, path)) return;  // two or more tokens on AVX-512
     }
     const Job* jp = &job;
     pool.parallel_for((w.rows + kRowTile - 1) / kRowTile,
