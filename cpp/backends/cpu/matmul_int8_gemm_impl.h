@@ -121,11 +121,12 @@ BONSAI_GEMM inline __m512i load2x32(const uint8_t* p, int stride, int nin) {
     return join256(lo, hi);
 }
 
-// Per type: G, C, block bytes, scale offset and off of int8_layout.h; live(q, v): quad (v, q) of a
+// Per type: G, C, block bytes, scale offset and off of int8_layout.h; kDSrc: offset of the scale in
+// block g's 64 / G source bytes when load() reads it (-1: it does not); live(q, v): quad (v, q) of a
 // block (q < 16 / G) holds a real element; load() reads a unit's 64 source bytes (never past the
 // row's last block: more = another unit follows), codes() unpacks them.
 struct GPtq1 {
-    static constexpr int G = 2, C = 5, kBytes = 28, kDOff = 26, kOff = 1;
+    static constexpr int G = 2, C = 5, kBytes = 28, kDOff = 26, kOff = 1, kDSrc = 26;
     static constexpr bool live(int q, int v) { return q < 6 || (q == 6 && v < 4); }  // qs, then qh
     BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool more) {
         if (more)
@@ -139,7 +140,7 @@ struct GPtq1 {
 };
 
 struct GTq1 {
-    static constexpr int G = 1, C = 5, kBytes = 54, kDOff = 52, kOff = 1;
+    static constexpr int G = 1, C = 5, kBytes = 54, kDOff = 52, kOff = 1, kDSrc = 52;
     static constexpr bool live(int q, int v) { return q < 12 || (q == 12 && v < 4); }  // qs, then qh
     BONSAI_GEMM static __m512i load(const uint8_t* p, int, bool more) {
         if (more) return _mm512_loadu_si512(p);
@@ -149,28 +150,28 @@ struct GTq1 {
 };
 
 struct GTq2 {
-    static constexpr int G = 1, C = 4, kBytes = 66, kDOff = 64, kOff = 1;
+    static constexpr int G = 1, C = 4, kBytes = 66, kDOff = 64, kOff = 1, kDSrc = -1;
     static constexpr bool live(int, int) { return true; }
     BONSAI_GEMM static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct GQ2g64 {
-    static constexpr int G = 4, C = 4, kBytes = 18, kDOff = 0, kOff = 1;
+    static constexpr int G = 4, C = 4, kBytes = 18, kDOff = 0, kOff = 1, kDSrc = -1;
     static constexpr bool live(int, int) { return true; }
     BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct GQ2g128 {
-    static constexpr int G = 2, C = 4, kBytes = 34, kDOff = 0, kOff = 1;
+    static constexpr int G = 2, C = 4, kBytes = 34, kDOff = 0, kOff = 1, kDSrc = -1;
     static constexpr bool live(int, int) { return true; }
     BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, kBytes, nin); }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct GQ4 {
-    static constexpr int G = 4, C = 2, kBytes = 18, kDOff = 0, kOff = 8;
+    static constexpr int G = 4, C = 2, kBytes = 18, kDOff = 0, kOff = 8, kDSrc = -1;
     static constexpr bool live(int, int) { return true; }
     BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) {
@@ -181,7 +182,7 @@ struct GQ4 {
 };
 
 struct GQ8 {
-    static constexpr int G = 2, C = 1, kBytes = 34, kDOff = 0, kOff = 128;
+    static constexpr int G = 2, C = 1, kBytes = 34, kDOff = 0, kOff = 128, kDSrc = -1;
     static constexpr bool live(int, int) { return true; }
     BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, kBytes, nin); }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) {  // w + 128 as an unsigned byte
@@ -245,41 +246,68 @@ BONSAI_GEMM void unpack_unit(const uint8_t* const* rp, __m512i vidx, int64_t uof
             for (int v = 0; v < K::C; ++v)
                 if (K::live(q, v)) _mm512_store_si512(o + 64 * j++, c[v]);
         }
-        __m512i d = _mm512_i32gather_epi32(vidx, rp[0] + uoff + g * K::kBytes + kDPos, 1);
-        if constexpr (kDPos != K::kDOff) d = _mm512_srli_epi32(d, 16);
+        __m512i d;
+        if constexpr (K::kDSrc >= 0) {  // in the transposed source already: one dword per row
+            d = _mm512_srli_epi32(s[g * QB + K::kDSrc / 4], 8 * (K::kDSrc % 4));
+        } else {
+            d = _mm512_i32gather_epi32(vidx, rp[0] + uoff + g * K::kBytes + kDPos, 1);
+            if constexpr (kDPos != K::kDOff) d = _mm512_srli_epi32(d, 16);
+        }
         _mm512_store_ps(o + 64 * NQ, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
     }
 }
 
+// s[t] += the products of quad j (16 rows x token t of the tile's packed activations A).
+template <int NT>
+BONSAI_GEMM inline void quad_products(__m512i* s, const uint8_t* P, const int32_t* A, int j) {
+    const __m512i wv = _mm512_load_si512(P + 64 * j);
+    // 4 tokens' dwords in every 128-bit chunk, then vpshufd picks one: a dword broadcast load per
+    // product would be the bottleneck
+#pragma GCC unroll 3
+    for (int t4 = 0; t4 < NT; t4 += 4) {
+        const __m512i a4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + j * NT + t4)));
+        s[t4] = _mm512_dpbusd_epi32(s[t4], wv, _mm512_shuffle_epi32(a4, _MM_PERM_AAAA));
+        if (t4 + 1 < NT) s[t4 + 1] = _mm512_dpbusd_epi32(s[t4 + 1], wv, _mm512_shuffle_epi32(a4, _MM_PERM_BBBB));
+        if (t4 + 2 < NT) s[t4 + 2] = _mm512_dpbusd_epi32(s[t4 + 2], wv, _mm512_shuffle_epi32(a4, _MM_PERM_CCCC));
+        if (t4 + 3 < NT) s[t4 + 3] = _mm512_dpbusd_epi32(s[t4 + 3], wv, _mm512_shuffle_epi32(a4, _MM_PERM_DDDD));
+    }
+}
+
 // 16 rows x NT tokens over nblk panel blocks: acc_io[16 t + i] += (row i, token t) as the scalar
-// kernel accumulates it.
+// kernel accumulates it. Few tokens: KS accumulator sets take alternate quads (integer sums, so
+// the split changes nothing) to keep enough vpdpbusd chains in flight.
 template <int NQ, int NT>
 BONSAI_GEMM void micro(const uint8_t* P, const int32_t* A, int64_t nblk, float* acc_io) {
+    constexpr int KS = NT <= 3 ? 4 : (NT <= 6 ? 2 : 1);
     __m512 acc[NT];
 #pragma GCC unroll 12
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_load_ps(acc_io + 16 * t);
     for (int64_t b = 0; b < nblk; ++b) {
-        __m512i s[NT];
-#pragma GCC unroll 12
-        for (int t = 0; t < NT; ++t) s[t] = _mm512_setzero_si512();
+        __m512i s[KS][NT];
 #pragma GCC unroll 4
-        for (int j = 0; j < NQ; ++j) {
-            const __m512i wv = _mm512_load_si512(P + 64 * j);
-            // 4 tokens' dwords in every 128-bit chunk, then vpshufd picks one: a dword broadcast
-            // load per product would be the bottleneck
-#pragma GCC unroll 3
-            for (int t4 = 0; t4 < NT; t4 += 4) {
-                const __m512i a4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + j * NT + t4)));
-                s[t4] = _mm512_dpbusd_epi32(s[t4], wv, _mm512_shuffle_epi32(a4, _MM_PERM_AAAA));
-                if (t4 + 1 < NT) s[t4 + 1] = _mm512_dpbusd_epi32(s[t4 + 1], wv, _mm512_shuffle_epi32(a4, _MM_PERM_BBBB));
-                if (t4 + 2 < NT) s[t4 + 2] = _mm512_dpbusd_epi32(s[t4 + 2], wv, _mm512_shuffle_epi32(a4, _MM_PERM_CCCC));
-                if (t4 + 3 < NT) s[t4 + 3] = _mm512_dpbusd_epi32(s[t4 + 3], wv, _mm512_shuffle_epi32(a4, _MM_PERM_DDDD));
-            }
+        for (int k = 0; k < KS; ++k)
+#pragma GCC unroll 12
+            for (int t = 0; t < NT; ++t) s[k][t] = _mm512_setzero_si512();
+        constexpr int JM = NQ - NQ % KS;
+        if constexpr (KS == 1) {
+#pragma GCC unroll 4
+            for (int j = 0; j < NQ; ++j) quad_products<NT>(s[0], P, A, j);
+        } else {
+#pragma GCC unroll 2
+            for (int j = 0; j < JM; j += KS)
+#pragma GCC unroll 4
+                for (int k = 0; k < KS; ++k) quad_products<NT>(s[k], P, A, j + k);
         }
+        if constexpr (JM < NQ)
+            for (int j = JM; j < NQ; ++j) quad_products<NT>(s[0], P, A, j);
+#pragma GCC unroll 4
+        for (int k = 1; k < KS; ++k)
+#pragma GCC unroll 12
+            for (int t = 0; t < NT; ++t) s[0][t] = _mm512_add_epi32(s[0][t], s[k][t]);
         const __m512 d = _mm512_load_ps(P + 64 * NQ);
 #pragma GCC unroll 12
         for (int t = 0; t < NT; ++t) {
-            const __m512i isum = _mm512_sub_epi32(s[t], _mm512_set1_epi32(A[NQ * NT + t]));
+            const __m512i isum = _mm512_sub_epi32(s[0][t], _mm512_set1_epi32(A[NQ * NT + t]));
             acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[t]);
         }
         P += (NQ + 1) * 64;
@@ -389,10 +417,16 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
             offs[i] = static_cast<int32_t>(rp[i] - rp[0]);
         }
         const __m512i vidx = _mm512_load_si512(offs);
+        // The next panel's rows (one contiguous range) are prefetched in step with this one's units:
+        // 16 interleaved row streams are more than the hardware prefetchers follow.
+        const char* next = reinterpret_cast<const char*>(rp[0]) + kPanelRows * static_cast<int64_t>(w.row_bytes);
+        const int64_t next_lines = r0 + 2 * kPanelRows <= rows ? kPanelRows * static_cast<int64_t>(w.row_bytes) / 64 : 0;
         std::fill(acc, acc + (k1 - k0) * kMaxTile * 16, 0.0f);
         for (int64_t u0 = 0; u0 < nu; u0 += job.chunk_units) {
             const int64_t u1 = std::min(nu, u0 + job.chunk_units);
             for (int64_t u = u0; u < u1; ++u) {
+                for (int64_t l = u * next_lines / nu; l < (u + 1) * next_lines / nu; ++l)
+                    _mm_prefetch(next + 64 * l, _MM_HINT_T0);
                 const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
                 unpack_unit<K>(rp, vidx, u * unit_bytes, nin, u + 1 < nu, panel + (u - u0) * K::G * block_panel);
             }
