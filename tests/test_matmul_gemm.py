@@ -92,3 +92,20 @@ def test_gemm_matches_float64_reference():
     for path in PATHS:
         got = _core.matmul(TYPES[name][0], w, cols, x, mode="int8", threads=2, path=path)
         assert (np.abs(got - want) / (scale + 1e-30)).max() < 1e-5
+
+
+@pytest.mark.parametrize("n_tokens", [2, 3, 4, 5, 9, 64, 65])
+@pytest.mark.parametrize("cols", [200, 1100])
+def test_f16_multi_token_float(n_tokens, cols):
+    # F16 weights always use float math; 2..64 tokens take the blocked kernel (4 rows x 4 tokens,
+    # columns in chunks of 512, a masked tail): close to the float64 product, independent of the
+    # thread split
+    rng = np.random.default_rng(n_tokens * 7 + cols)
+    rows = 23
+    w = random_weight("F16", rows, cols, rng)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    want, scale = reference("F16", w, cols, x, "float")
+    for path in _core.cpu_paths():
+        one = _core.matmul(1, w, cols, x, mode="float", threads=1, path=path)
+        assert (np.abs(one - want) / (scale + 1e-30)).max() < 1e-5, path
+        assert np.array_equal(_core.matmul(1, w, cols, x, mode="float", threads=2, path=path), one), path

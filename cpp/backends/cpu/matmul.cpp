@@ -7,6 +7,7 @@
 
 #include "act_quant.h"
 #include "cpu_features.h"
+#include "matmul_float_gemm.h"
 #include "matmul_int8_gemm.h"
 #include "matmul_kernels.h"
 
@@ -57,7 +58,12 @@ void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end) {
     switch (j.path) {
         case CpuPath::SCALAR: matmul_float_scalar(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
         case CpuPath::AVX2: matmul_float_avx2(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
-        case CpuPath::AVX512: matmul_float_avx512(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
+        case CpuPath::AVX512:
+            if (w.type == TYPE_F16 && j.n_tokens >= 2 && j.n_tokens <= kF16GemmMaxTokens)
+                matmul_f16_gemm_avx512(w, j.x, j.n_tokens, r0, r1, j.y);
+            else
+                matmul_float_avx512(w, j.x, j.n_tokens, r0, r1, j.y, scratch);
+            break;
     }
 }
 
