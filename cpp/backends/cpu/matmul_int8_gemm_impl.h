@@ -23,7 +23,8 @@
 // rows' scales d_b, block after block from block 0, and y = acc * s_t: the scalar kernel's exact
 // operations per (row, token), so the results are bit-identical to it. Q8_0 codes are w + 128
 // (off 128), so every type uses the unsigned x signed product.
-// Threads take panels (and token tiles when there are fewer panels than threads).
+// Threads take chunks of panels from a shared counter (and token tiles when there are fewer panels
+// than threads).
 #pragma once
 
 // GCC 12 warns about the deliberately undefined pass-through operands inside its AVX-512 headers.
@@ -32,6 +33,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -49,6 +51,7 @@ namespace {
 constexpr int kPanelRows = 16;          // rows of a panel (the int32 lanes of a zmm)
 constexpr int kMaxTile = 12;            // tokens of a microkernel tile (2 x 12 zmm accumulators)
 constexpr int64_t kChunkBytes = 24576;  // panel bytes unpacked at a time
+constexpr int64_t kChunksPerThread = 8;  // work chunks per thread (dynamic hand-out)
 
 #if BONSAI_GEMM_TRIT_LUT
 struct TritTables {
@@ -463,8 +466,17 @@ void run_gemm(const WeightView& w, const ActInt8& a, float* y, ThreadPool& pool)
     const int64_t n_panels = (w.rows + kPanelRows - 1) / kPanelRows, n_threads = pool.size();
     GemmJob job{&w, &a, packed, y, tiles, 1, std::max<int64_t>(1, kChunkBytes / (K::G * (NQ + 1) * 64))};
     if (n_panels < n_threads) job.groups = std::min(tiles.n, (n_threads + n_panels - 1) / n_panels);
+    // Items are handed out in small chunks through a counter, so a thread slowed by other load
+    // leaves its share to the others.
+    const int64_t n_items = n_panels * job.groups;
+    const int64_t chunk = std::max<int64_t>(1, n_items / (n_threads * kChunksPerThread));
+    std::atomic<int64_t> next{0};
     const GemmJob* jp = &job;
-    pool.parallel_for(n_panels * job.groups, [jp](int64_t b, int64_t e, int) { run_items<K>(*jp, b, e); });
+    pool.parallel_for(std::min(n_threads, n_items), [jp, &next, chunk, n_items](int64_t, int64_t, int) {
+        for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c * chunk < n_items;
+             c = next.fetch_add(1, std::memory_order_relaxed))
+            run_items<K>(*jp, c * chunk, std::min(n_items, (c + 1) * chunk));
+    });
 }
 
 }  // namespace
