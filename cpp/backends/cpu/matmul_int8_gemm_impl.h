@@ -3,24 +3,25 @@
 // lookups, + AVX-512 VBMI); both give the same codes, hence the same results. The includer defines
 // BONSAI_GEMM_TARGET (target attribute string), BONSAI_GEMM_TRIT_LUT (0 or 1) and BONSAI_GEMM_ENTRY.
 //
-// Layout. Rows are taken 16 at a time (a panel: one int32 lane per row). A row's unit (int8_layout.h:
-// G blocks, 64 source bytes whose byte p gives code byte p of every code vector v) is loaded for the
-// 16 rows and transposed as 16 x 16 dwords, so that vector T[q] holds source dword q of every row;
-// unpacking T[q] gives, for each code vector v, the codes of "quad" (v, q) — the 4 slots 4q..4q+3 of
-// vector v — of all 16 rows, ready for vpdpbusd. Quads that are padding for every row (the scale
-// and the bytes past a PTQ1_0/TQ1_0 block) are dropped; the live quads of a block are stored in
-// (q, v) order, followed by the 16 rows' scales as floats: the panel. It is built at run time, per
-// call and per chunk of about 24 KiB (L1-resident), so the model file stays mapped as it is and no
-// memory is added to the plan; the unpack + transpose is paid once per row and call and shared by
-// every token.
+// Layout. Rows are taken 32 at a time (a panel: two halves of 16 rows, one int32 lane per row). A
+// row's unit (int8_layout.h: G blocks, 64 source bytes whose byte p gives code byte p of every code
+// vector v) is loaded for the 16 rows of a half and transposed as 16 x 16 dwords, so that vector
+// T[q] holds source dword q of every row; unpacking T[q] gives, for each code vector v, the codes
+// of "quad" (v, q) — the 4 slots 4q..4q+3 of vector v — of the 16 rows, ready for vpdpbusd. Quads
+// that are padding for every row (the scale and the bytes past a PTQ1_0/TQ1_0 block) are dropped;
+// the live quads of a block are stored in (q, v) order, the two halves side by side, then the 32
+// rows' scales as floats: the panel. It is built at run time, per call and per chunk of about
+// 24 KiB (L1-resident), so the model file stays mapped as it is and no memory is added to the
+// plan; the unpack + transpose is paid once per row and call and shared by every token.
 // Activations: the quantizer's slot-ordered int8 (act_quant.h) are repacked once per call into
-// token tiles of up to 12 tokens: per block, for each live quad the tile's dwords side by side,
+// token tiles of up to 6 tokens: per block, for each live quad the tile's dwords side by side,
 // then off * asum of each token.
 //
-// Microkernel (16 rows x NT <= 12 tokens): per block, NT int32 accumulators take, for each quad,
-// vpdpbusd(codes of 16 rows, broadcast activation dword of token t) (unsigned code x signed
-// activation, exact); then acc_t = fma(d_b, float(isum_t - off * asum_b,t), acc_t) with the 16
-// rows' scales d_b, block after block from block 0, and y = acc * s_t: the scalar kernel's exact
+// Microkernel (32 rows x NT <= 6 tokens): per block, 2 x NT int32 accumulators take, for each
+// quad, vpdpbusd(codes of 16 rows, activation dword of token t in every lane) (unsigned code x
+// signed activation, exact; the dword comes from a 128-bit broadcast of 4 tokens and a vpshufd,
+// shared by both halves); then acc = fma(d_b, float(isum - off * asum_b,t), acc) with the rows'
+// scales d_b, block after block from block 0, and y = acc * s_t: the scalar kernel's exact
 // operations per (row, token), so the results are bit-identical to it. Q8_0 codes are w + 128
 // (off 128), so every type uses the unsigned x signed product.
 // Threads take chunks of panels from a shared counter (and token tiles when there are fewer panels
@@ -48,8 +49,9 @@ namespace bonsai::cpu {
 
 namespace {
 
-constexpr int kPanelRows = 16;          // rows of a panel (the int32 lanes of a zmm)
-constexpr int kMaxTile = 12;            // tokens of a microkernel tile (2 x 12 zmm accumulators)
+constexpr int kHalfRows = 16;           // rows of a half panel (the int32 lanes of a zmm)
+constexpr int kPanelRows = 32;          // rows of a panel: two halves
+constexpr int kMaxTile = 6;             // tokens of a microkernel tile (2 x 2 x 6 zmm accumulators)
 constexpr int64_t kChunkBytes = 24576;  // panel bytes unpacked at a time
 constexpr int64_t kChunksPerThread = 8;  // work chunks per thread (dynamic hand-out)
 
@@ -226,7 +228,8 @@ BONSAI_GEMM inline void transpose16(__m512i* r) {
     }
 }
 
-// Unpacks unit u of the panel's 16 rows (rp, byte offsets vidx from rp[0]) into panel blocks at out.
+// Unpacks unit uoff of 16 rows (rp, byte offsets vidx from rp[0]) into one half of the panel blocks
+// at out: quad j of a block at out + 128 j, the 16 scales after the block's quads.
 template <class K>
 BONSAI_GEMM void unpack_unit(const uint8_t* const* rp, __m512i vidx, int64_t uoff, int nin, bool more, uint8_t* out) {
     constexpr int NQ = block_quads<K>(), QB = 16 / K::G;
@@ -239,7 +242,7 @@ BONSAI_GEMM void unpack_unit(const uint8_t* const* rp, __m512i vidx, int64_t uof
 #pragma GCC unroll 4
     for (int g = 0; g < K::G; ++g) {
         if (g >= nin) break;
-        uint8_t* o = out + g * (NQ + 1) * 64;
+        uint8_t* o = out + g * (NQ + 1) * 128;
         int j = 0;
 #pragma GCC unroll 16
         for (int q = 0; q < QB; ++q) {
@@ -247,7 +250,7 @@ BONSAI_GEMM void unpack_unit(const uint8_t* const* rp, __m512i vidx, int64_t uof
             K::codes(s[g * QB + q], c);
 #pragma GCC unroll 5
             for (int v = 0; v < K::C; ++v)
-                if (K::live(q, v)) _mm512_store_si512(o + 64 * j++, c[v]);
+                if (K::live(q, v)) _mm512_store_si512(o + 128 * j++, c[v]);
         }
         __m512i d;
         if constexpr (K::kDSrc >= 0) {  // in the transposed source already: one dword per row
@@ -256,44 +259,62 @@ BONSAI_GEMM void unpack_unit(const uint8_t* const* rp, __m512i vidx, int64_t uof
             d = _mm512_i32gather_epi32(vidx, rp[0] + uoff + g * K::kBytes + kDPos, 1);
             if constexpr (kDPos != K::kDOff) d = _mm512_srli_epi32(d, 16);
         }
-        _mm512_store_ps(o + 64 * NQ, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
+        _mm512_store_ps(o + 128 * NQ, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)));
     }
 }
 
-// s[t] += the products of quad j (16 rows x token t of the tile's packed activations A).
+// s[h][t] += the products of quad j (half h's 16 rows x token t of the tile's activations A).
 template <int NT>
-BONSAI_GEMM inline void quad_products(__m512i* s, const uint8_t* P, const int32_t* A, int j) {
-    const __m512i wv = _mm512_load_si512(P + 64 * j);
-    // 4 tokens' dwords in every 128-bit chunk, then vpshufd picks one: a dword broadcast load per
-    // product would be the bottleneck
-#pragma GCC unroll 3
+BONSAI_GEMM inline void quad_products(__m512i (*s)[NT], const uint8_t* P, const int32_t* A, int j) {
+    const __m512i w0 = _mm512_load_si512(P + 128 * j), w1 = _mm512_load_si512(P + 128 * j + 64);
+    // 4 tokens' dwords in every 128-bit chunk, then vpshufd picks one for both halves: a dword
+    // broadcast load per product would be the bottleneck
+#pragma GCC unroll 2
     for (int t4 = 0; t4 < NT; t4 += 4) {
         const __m512i a4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + j * NT + t4)));
-        s[t4] = _mm512_dpbusd_epi32(s[t4], wv, _mm512_shuffle_epi32(a4, _MM_PERM_AAAA));
-        if (t4 + 1 < NT) s[t4 + 1] = _mm512_dpbusd_epi32(s[t4 + 1], wv, _mm512_shuffle_epi32(a4, _MM_PERM_BBBB));
-        if (t4 + 2 < NT) s[t4 + 2] = _mm512_dpbusd_epi32(s[t4 + 2], wv, _mm512_shuffle_epi32(a4, _MM_PERM_CCCC));
-        if (t4 + 3 < NT) s[t4 + 3] = _mm512_dpbusd_epi32(s[t4 + 3], wv, _mm512_shuffle_epi32(a4, _MM_PERM_DDDD));
+        __m512i av = _mm512_shuffle_epi32(a4, _MM_PERM_AAAA);
+        s[0][t4] = _mm512_dpbusd_epi32(s[0][t4], w0, av);
+        s[1][t4] = _mm512_dpbusd_epi32(s[1][t4], w1, av);
+        if (t4 + 1 < NT) {
+            av = _mm512_shuffle_epi32(a4, _MM_PERM_BBBB);
+            s[0][t4 + 1] = _mm512_dpbusd_epi32(s[0][t4 + 1], w0, av);
+            s[1][t4 + 1] = _mm512_dpbusd_epi32(s[1][t4 + 1], w1, av);
+        }
+        if (t4 + 2 < NT) {
+            av = _mm512_shuffle_epi32(a4, _MM_PERM_CCCC);
+            s[0][t4 + 2] = _mm512_dpbusd_epi32(s[0][t4 + 2], w0, av);
+            s[1][t4 + 2] = _mm512_dpbusd_epi32(s[1][t4 + 2], w1, av);
+        }
+        if (t4 + 3 < NT) {
+            av = _mm512_shuffle_epi32(a4, _MM_PERM_DDDD);
+            s[0][t4 + 3] = _mm512_dpbusd_epi32(s[0][t4 + 3], w0, av);
+            s[1][t4 + 3] = _mm512_dpbusd_epi32(s[1][t4 + 3], w1, av);
+        }
     }
 }
 
-// 16 rows x NT tokens over nblk panel blocks: acc_io[16 t + i] += (row i, token t) as the scalar
-// kernel accumulates it. Few tokens: KS accumulator sets take alternate quads (integer sums, so
-// the split changes nothing) to keep enough vpdpbusd chains in flight.
+// 32 rows x NT tokens over nblk panel blocks: acc_io[16 (h NT + t) + i] += (row 16 h + i, token t)
+// as the scalar kernel accumulates it. Few tokens: KS accumulator sets take alternate quads
+// (integer sums, so the split changes nothing) to keep enough vpdpbusd chains in flight.
 template <int NQ, int NT>
 BONSAI_GEMM void micro(const uint8_t* P, const int32_t* A, int64_t nblk, float* acc_io) {
-    constexpr int KS = NT <= 3 ? 4 : (NT <= 6 ? 2 : 1);
-    __m512 acc[NT];
-#pragma GCC unroll 12
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_load_ps(acc_io + 16 * t);
+    constexpr int KS = NT == 1 ? 4 : (NT <= 3 ? 2 : 1);
+    __m512 acc[2][NT];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; ++t) acc[h][t] = _mm512_load_ps(acc_io + 16 * (h * NT + t));
     for (int64_t b = 0; b < nblk; ++b) {
-        __m512i s[KS][NT];
+        __m512i s[KS][2][NT];
 #pragma GCC unroll 4
         for (int k = 0; k < KS; ++k)
-#pragma GCC unroll 12
-            for (int t = 0; t < NT; ++t) s[k][t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 6
+                for (int t = 0; t < NT; ++t) s[k][h][t] = _mm512_setzero_si512();
         constexpr int JM = NQ - NQ % KS;
         if constexpr (KS == 1) {
-#pragma GCC unroll 4
+#pragma GCC unroll 2
             for (int j = 0; j < NQ; ++j) quad_products<NT>(s[0], P, A, j);
         } else {
 #pragma GCC unroll 2
@@ -305,19 +326,26 @@ BONSAI_GEMM void micro(const uint8_t* P, const int32_t* A, int64_t nblk, float* 
             for (int j = JM; j < NQ; ++j) quad_products<NT>(s[0], P, A, j);
 #pragma GCC unroll 4
         for (int k = 1; k < KS; ++k)
-#pragma GCC unroll 12
-            for (int t = 0; t < NT; ++t) s[0][t] = _mm512_add_epi32(s[0][t], s[k][t]);
-        const __m512 d = _mm512_load_ps(P + 64 * NQ);
-#pragma GCC unroll 12
-        for (int t = 0; t < NT; ++t) {
-            const __m512i isum = _mm512_sub_epi32(s[0][t], _mm512_set1_epi32(A[NQ * NT + t]));
-            acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[t]);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 6
+                for (int t = 0; t < NT; ++t) s[0][h][t] = _mm512_add_epi32(s[0][h][t], s[k][h][t]);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+            const __m512 d = _mm512_load_ps(P + 128 * NQ + 64 * h);
+#pragma GCC unroll 6
+            for (int t = 0; t < NT; ++t) {
+                const __m512i isum = _mm512_sub_epi32(s[0][h][t], _mm512_set1_epi32(A[NQ * NT + t]));
+                acc[h][t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[h][t]);
+            }
         }
-        P += (NQ + 1) * 64;
+        P += (NQ + 1) * 128;
         A += (NQ + 1) * NT;
     }
-#pragma GCC unroll 12
-    for (int t = 0; t < NT; ++t) _mm512_store_ps(acc_io + 16 * t, acc[t]);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; ++t) _mm512_store_ps(acc_io + 16 * (h * NT + t), acc[h][t]);
 }
 
 using MicroFn = void (*)(const uint8_t*, const int32_t*, int64_t, float*);
@@ -330,13 +358,7 @@ MicroFn micro_fn(int64_t nt) {
         case 3: return micro<NQ, 3>;
         case 4: return micro<NQ, 4>;
         case 5: return micro<NQ, 5>;
-        case 6: return micro<NQ, 6>;
-        case 7: return micro<NQ, 7>;
-        case 8: return micro<NQ, 8>;
-        case 9: return micro<NQ, 9>;
-        case 10: return micro<NQ, 10>;
-        case 11: return micro<NQ, 11>;
-        default: return micro<NQ, 12>;
+        default: return micro<NQ, 6>;
     }
 }
 
@@ -398,7 +420,7 @@ struct GemmJob {
 template <class K>
 BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_end) {
     constexpr int NQ = block_quads<K>();
-    constexpr int64_t block_panel = (NQ + 1) * 64;  // panel bytes of a block
+    constexpr int64_t block_panel = (NQ + 1) * 128;  // panel bytes of a block
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
     const WeightView& w = *job.w;
     const ActInt8& a = *job.a;
@@ -407,7 +429,8 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
     static thread_local std::vector<uint8_t> scratch_buf;
     const int64_t max_group_tiles = (tiles.n + groups - 1) / groups;
     const size_t panel_bytes = static_cast<size_t>(job.chunk_units * K::G * block_panel);
-    uint8_t* panel = aligned_scratch(scratch_buf, panel_bytes + sizeof(float) * max_group_tiles * kMaxTile * 16);
+    constexpr int64_t tile_acc = 2 * kMaxTile * 16;  // floats of a tile's accumulators
+    uint8_t* panel = aligned_scratch(scratch_buf, panel_bytes + sizeof(float) * max_group_tiles * tile_acc);
     float* acc = reinterpret_cast<float*>(panel + panel_bytes);
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     for (int64_t item = item_begin; item < item_end; ++item) {
@@ -417,35 +440,42 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
         alignas(64) int32_t offs[kPanelRows];
         for (int i = 0; i < kPanelRows; ++i) {  // rows past the end repeat the last one
             rp[i] = base + std::min(r0 + i, rows - 1) * static_cast<int64_t>(w.row_bytes);
-            offs[i] = static_cast<int32_t>(rp[i] - rp[0]);
+            offs[i] = static_cast<int32_t>(rp[i] - rp[i < kHalfRows ? 0 : kHalfRows]);
         }
-        const __m512i vidx = _mm512_load_si512(offs);
+        const __m512i vidx0 = _mm512_load_si512(offs), vidx1 = _mm512_load_si512(offs + kHalfRows);
         // The next panel's rows (one contiguous range) are prefetched in step with this one's units:
         // 16 interleaved row streams are more than the hardware prefetchers follow.
         const char* next = reinterpret_cast<const char*>(rp[0]) + kPanelRows * static_cast<int64_t>(w.row_bytes);
         const int64_t next_lines = r0 + 2 * kPanelRows <= rows ? kPanelRows * static_cast<int64_t>(w.row_bytes) / 64 : 0;
-        std::fill(acc, acc + (k1 - k0) * kMaxTile * 16, 0.0f);
+        std::fill(acc, acc + (k1 - k0) * tile_acc, 0.0f);
         for (int64_t u0 = 0; u0 < nu; u0 += job.chunk_units) {
             const int64_t u1 = std::min(nu, u0 + job.chunk_units);
             for (int64_t u = u0; u < u1; ++u) {
                 for (int64_t l = u * next_lines / nu; l < (u + 1) * next_lines / nu; ++l)
                     _mm_prefetch(next + 64 * l, _MM_HINT_T0);
                 const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
-                unpack_unit<K>(rp, vidx, u * unit_bytes, nin, u + 1 < nu, panel + (u - u0) * K::G * block_panel);
+                uint8_t* out = panel + (u - u0) * K::G * block_panel;
+                unpack_unit<K>(rp, vidx0, u * unit_bytes, nin, u + 1 < nu, out);
+                unpack_unit<K>(rp + kHalfRows, vidx1, u * unit_bytes, nin, u + 1 < nu, out + 64);
             }
             const int64_t b0 = u0 * K::G, nblk = std::min(nb, u1 * K::G) - b0;
             for (int64_t k = k0; k < k1; ++k) {
                 const int64_t nt = tiles.size(k);
                 const int32_t* at = job.packed + (tiles.first(k) * nb + b0 * nt) * (NQ + 1);
-                micro_fn<NQ>(nt)(panel, at, nblk, acc + (k - k0) * kMaxTile * 16);
+                micro_fn<NQ>(nt)(panel, at, nblk, acc + (k - k0) * tile_acc);
             }
         }
-        const __mmask16 mask = static_cast<__mmask16>(rows - r0 >= 16 ? 0xFFFF : (1u << (rows - r0)) - 1);
-        for (int64_t k = k0; k < k1; ++k) {
-            const int64_t t0 = tiles.first(k);
-            for (int64_t i = 0; i < tiles.size(k); ++i) {
-                const __m512 v = _mm512_load_ps(acc + ((k - k0) * kMaxTile + i) * 16);
-                _mm512_mask_storeu_ps(job.y + (t0 + i) * rows + r0, mask, _mm512_mul_ps(v, _mm512_set1_ps(a.scale[t0 + i])));
+        for (int h = 0; h < 2; ++h) {
+            const int64_t left = rows - r0 - h * kHalfRows;
+            if (left <= 0) break;
+            const __mmask16 mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+            for (int64_t k = k0; k < k1; ++k) {
+                const int64_t t0 = tiles.first(k), nt = tiles.size(k);
+                for (int64_t i = 0; i < nt; ++i) {
+                    const __m512 v = _mm512_load_ps(acc + (k - k0) * tile_acc + 16 * (h * nt + i));
+                    _mm512_mask_storeu_ps(job.y + (t0 + i) * rows + r0 + h * kHalfRows, mask,
+                                          _mm512_mul_ps(v, _mm512_set1_ps(a.scale[t0 + i])));
+                }
             }
         }
     }
@@ -464,7 +494,7 @@ void run_gemm(const WeightView& w, const ActInt8& a, float* y, ThreadPool& pool)
         for (int64_t k = b; k < e; ++k) pack_tile<K>(*ap, *tp, k, packed);
     });
     const int64_t n_panels = (w.rows + kPanelRows - 1) / kPanelRows, n_threads = pool.size();
-    GemmJob job{&w, &a, packed, y, tiles, 1, std::max<int64_t>(1, kChunkBytes / (K::G * (NQ + 1) * 64))};
+    GemmJob job{&w, &a, packed, y, tiles, 1, std::max<int64_t>(1, kChunkBytes / (K::G * (NQ + 1) * 128))};
     if (n_panels < n_threads) job.groups = std::min(tiles.n, (n_threads + n_panels - 1) / n_panels);
     // Items are handed out in small chunks through a counter, so a thread slowed by other load
     // leaves its share to the others.
