@@ -1,10 +1,10 @@
 """The multi-token INT8 matmul (the AVX-512 GEMM of 2 or more tokens) against the scalar kernel.
 
 Every INT8 type must give bit-identical results to the scalar path for any token count (token
-tiles of 1..12 and their remainders), any row count (panels of 16 rows and partial ones), column
-counts that leave a unit partly filled (G = 2 or 4 blocks per unit), 1, 2 and 3 threads (fewer
-panels than threads splits token tiles too), and awkward activations (zero rows, non-finite rows,
-wide magnitude ranges). The scalar path itself is checked against the float64 reference in
+tiles of 2..6, one or several), any row count (panels of 32 rows in two halves, partial ones),
+column counts that leave a unit partly filled (G = 2 or 4 blocks per unit), 1, 2 and 3 threads
+(fewer panels than threads splits token tiles too), and awkward activations (zero rows,
+non-finite rows, wide magnitude ranges). The scalar path itself is checked against the float64 reference in
 test_matmul.py; here it is the oracle.
 """
 
@@ -38,7 +38,7 @@ def check(name: str, rows: int, cols: int, x: np.ndarray, seed: str, threads=(1,
 
 
 @pytest.mark.parametrize("name", QUANT)
-@pytest.mark.parametrize("n_tokens", [2, 3, 4, 5, 8, 12, 13, 16, 25, 37])
+@pytest.mark.parametrize("n_tokens", [2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 25, 37])
 def test_gemm_token_counts(name, n_tokens):
     blocks = 3 if TYPES[name][1] >= 128 else 9  # odd / not a multiple of 4: the last unit is partial
     cols = cols_of(name, blocks)
@@ -48,7 +48,7 @@ def test_gemm_token_counts(name, n_tokens):
 
 
 @pytest.mark.parametrize("name", QUANT)
-@pytest.mark.parametrize("rows", [1, 7, 15, 16, 17, 48, 95])
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 31, 32, 33, 48, 95])
 def test_gemm_row_counts(name, rows):
     cols = cols_of(name, 2 if TYPES[name][1] == 256 else 8)
     x = np.random.default_rng(rows).standard_normal((6, cols)).astype(np.float32)
