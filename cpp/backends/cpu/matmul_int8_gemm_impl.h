@@ -39,7 +39,6 @@
 #include <vector>
 
 #include "bonsai/error.h"
-#include "bonsai/quants.h"
 #include "bonsai/types.h"
 #include "matmul_int8_gemm.h"
 
