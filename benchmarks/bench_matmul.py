@@ -1,4 +1,5 @@
-"""Micro-benchmark of the CPU matmul kernels on decode-shaped matrix-vector products (not a test).
+"""Micro-benchmark of the CPU matmul kernels (not a test): decode-shaped matrix-vector products, or
+with --tokens, multi-token products (prefill, batched decode).
 
 For each shape, type, path and thread count it times y = W x (one token, INT8 activations) over
 enough distinct weight copies to exceed the last-level cache, so weights stream from memory the
@@ -9,7 +10,13 @@ The per-call Python overhead (timed on a tiny matmul) is subtracted and shown.
 If llama-cpp-python's ggml libraries are importable, ggml's own TQ2_0 / Q8_0 mul_mat is timed the
 same way (graph of matvecs over the same number of copies) for comparison.
 
+Multi-token mode (--tokens 2,4,8,16,64,512): y = W X for X of n tokens (INT8 activations), over
+the same weight copies, reported as GMAC/s (rows x cols x tokens multiply-adds per second, the
+per-call Python overhead not subtracted) for our default path and, where the type exists in
+mainline ggml, for ggml's mul_mat on the same bytes, with the ratio ours / ggml.
+
     PYTHONPATH=python python3 benchmarks/bench_matmul.py [--shapes 2048x2048,5632x2048] [--types ...]
+    PYTHONPATH=python python3 benchmarks/bench_matmul.py --tokens 2,4,8,16,64,512 --threads 2
 """
 
 from __future__ import annotations
@@ -118,13 +125,14 @@ class Ggml:
         b.ggml_free.argtypes = [ctypes.c_void_p]
         c.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
 
-    def time(self, name, ws, rows, cols, threads, reps) -> float:
+    def time(self, name, ws, rows, cols, threads, reps, n_tokens=1) -> float:
         b = self.base
-        total = sum(w.nbytes for w in ws) + (64 << 20)
+        total = sum(w.nbytes for w in ws) + len(ws) * rows * n_tokens * 4 + cols * n_tokens * 4 + (64 << 20)
         ctx = b.ggml_init(self.Params(total, None, False))
         try:
-            x = b.ggml_new_tensor_2d(ctx, 0, cols, 1)
-            ctypes.memmove(b.ggml_get_data(x), np.ones(cols, np.float32).ctypes.data, cols * 4)
+            x = b.ggml_new_tensor_2d(ctx, 0, cols, n_tokens)
+            xs = np.random.default_rng(1).standard_normal((n_tokens, cols)).astype(np.float32)
+            ctypes.memmove(b.ggml_get_data(x), xs.ctypes.data, xs.nbytes)
             g = b.ggml_new_graph(ctx)
             for w in ws:
                 t = b.ggml_new_tensor_2d(ctx, self.TYPE_IDS[name], cols, rows)
@@ -142,6 +150,49 @@ class Ggml:
             b.ggml_free(ctx)
 
 
+def time_tokens(name, ws, cols, x, threads, reps) -> float:
+    tid = TYPES[name][0]
+    _core.matmul(tid, ws[0], cols, x, threads=threads)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for w in ws:
+            _core.matmul(tid, w, cols, x, threads=threads)
+        best = min(best, (time.perf_counter() - t0) / len(ws))
+    return best
+
+
+def multi_token(args, ggml, rng) -> None:
+    tokens = [int(t) for t in args.tokens.split(",")]
+    thread_list = [int(t) for t in args.threads.split(",")]
+    print(f"multi-token INT8 matmul, GMAC/s (path {_core.cpu_path()}); ggml = llama.cpp's mul_mat on the same bytes")
+    print(f"{'shape':>11} {'type':>7} {'thr':>3} " + " ".join(f"{'n=' + str(t):>13}" for t in tokens))
+    for shape in args.shapes.split(","):
+        rows, cols = (int(v) for v in shape.split("x"))
+        for name in args.types.split(","):
+            if name == "F16":
+                continue
+            ws_all = weights(name, rows, cols, rng)
+            for threads in thread_list:
+                ours, theirs = [], []
+                for nt in tokens:
+                    # enough copies to stream from memory at few tokens, fewer when compute dominates
+                    ws = ws_all[:max(2, len(ws_all) * 8 // max(8, nt))]
+                    x = rng.standard_normal((nt, cols)).astype(np.float32)
+                    t = time_tokens(name, ws, cols, x, threads, args.reps)
+                    ours.append(rows * cols * nt / t / 1e9)
+                    g = None
+                    if ggml and name in Ggml.TYPE_IDS:
+                        g = rows * cols * nt / ggml.time(name, ws, rows, cols, threads, args.reps, nt) / 1e9
+                    theirs.append(g)
+                print(f"{shape:>11} {name:>7} {threads:>3} " + " ".join(f"{o:13.1f}" for o in ours), flush=True)
+                if any(g for g in theirs):
+                    print(f"{'':>11} {'ggml':>7} {threads:>3} "
+                          + " ".join(f"{g:13.1f}" if g else f"{'-':>13}" for g in theirs))
+                    print(f"{'':>11} {'ratio':>7} {threads:>3} "
+                          + " ".join(f"{o / g:12.2f}x" if g else f"{'-':>13}" for o, g in zip(ours, theirs)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="2048x2048,5632x2048", help="ROWSxCOLS list")
@@ -149,6 +200,7 @@ def main() -> None:
     ap.add_argument("--paths", default=",".join(_core.cpu_paths()))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tokens", help="multi-token mode: token counts, e.g. 2,4,8,16,64,512")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     try:
@@ -156,6 +208,9 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - optional comparison
         print(f"(ggml comparison unavailable: {e})")
         ggml = None
+    if args.tokens:
+        multi_token(args, ggml, rng)
+        return
     thread_list = [int(t) for t in args.threads.split(",")]
     probe = {t: mem_probe(t) for t in thread_list}
     for t in thread_list:

@@ -5,7 +5,8 @@
 // One token (decode): the tiles of all weights form one list, handed out in chunks of about
 // 1/kChunksPerThread of a thread's share through an atomic counter, so a thread that was
 // descheduled or slowed by other load leaves its chunks to the others and the whole step is one
-// pool dispatch. Two or more tokens: each thread takes one contiguous range of each weight's tiles.
+// pool dispatch. Two or more tokens: INT8 weights go to the AVX-512 GEMM (matmul_int8_gemm.h) when
+// it applies; otherwise each thread takes one contiguous range of each weight's tiles.
 // Scratch memory is thread-local and only grows, so steady-state calls do not allocate.
 #include "matmul.h"
 
@@ -15,6 +16,8 @@
 
 #include "act_quant.h"
 #include "cpu_features.h"
+#include "matmul_float_gemm.h"
+#include "matmul_int8_gemm.h"
 #include "matmul_kernels.h"
 
 namespace bonsai::cpu {
@@ -68,7 +71,12 @@ void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end) {
     switch (j.path) {
         case CpuPath::SCALAR: matmul_float_scalar(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
         case CpuPath::AVX2: matmul_float_avx2(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
-        case CpuPath::AVX512: matmul_float_avx512(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
+        case CpuPath::AVX512:
+            if (w.type == TYPE_F16 && j.n_tokens >= 2 && j.n_tokens <= kF16GemmMaxTokens)
+                matmul_f16_gemm_avx512(w, j.x, j.n_tokens, r0, r1, j.y);
+            else
+                matmul_float_avx512(w, j.x, j.n_tokens, r0, r1, j.y, scratch);
+            break;
     }
 }
 
@@ -106,6 +114,7 @@ void dispatch(const Job* jobs, int n, ThreadPool& pool) {
     if (jobs[0].n_tokens >= 2) {
         for (int i = 0; i < n; ++i) {
             const Job* jp = &jobs[i];
+            if (jp->act && matmul_int8_gemm(*jp->w, *jp->act, jp->y, pool, jp->path)) continue;  // AVX-512 GEMM
             pool.parallel_for(job_tiles(*jp), [jp](int64_t b, int64_t e, int) { run_rows(*jp, b, e); });
         }
         return;

@@ -17,8 +17,7 @@
 // 2-bit and 4-bit codes are shifts and masks; Q8_0 uses |w| and the activation negated where w < 0.
 //
 // Tiles: one token computes 4 rows x 1 token, sharing the activation loads and prefetching the
-// rows of the following tiles; 2 or more tokens go through 1 row x up to 16 token tiles (token
-// tiles outside, rows inside), unpacking each unit once for all of them. The four int32
+// rows of the following tiles (2 or more tokens use the GEMM of matmul_int8_gemm_impl.h). The four int32
 // accumulators of a group are reduced together (an unpack/add transpose) to one int32 per
 // (block, output), then acc = fma(d_b, isum_b - off * asum_b, acc) block after block, and
 // y = acc * s: exactly the scalar kernel's operations, so the results are bit-identical to it.
@@ -355,82 +354,22 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
     return acc;
 }
 
-// 1 row x 4*kGroups tokens (kGroups <= 4), one float lane per token: acc[i] is token t0 + i.
-template <class K, int kGroups>
-BONSAI_AVX512 __m512 tile_tokens(const uint8_t* row, const int8_t* const* act, const int32_t* asum_t, int64_t t_pad,
-                                 int64_t nb) {
-    const int64_t nu = (nb + K::G - 1) / K::G;
-    constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t u = 0; u < nu; ++u) {
-        const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
-        const uint8_t* p = row + u * unit_bytes;
-        __m512i c[K::C];
-        K::codes(K::load(p, nin, u + 1 < nu), c);
-        const int64_t aoff = u * K::C * 64;
-        __m512i red[kGroups];
-#pragma GCC unroll 4
-        for (int grp = 0; grp < kGroups; ++grp) {
-            __m512i s[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; ++i) s[i] = dot_unit<K>(c, act[4 * grp + i] + aoff);
-            red[grp] = reduce4(s);
-        }
-        for (int g = 0; g < nin; ++g) {
-            const int64_t b = u * K::G + g;
-            __m512i isum = _mm512_castsi128_si512(block_isum<K>(red[0], g));
-            if constexpr (kGroups > 1) isum = _mm512_inserti32x4(isum, block_isum<K>(red[1], g), 1);
-            if constexpr (kGroups > 2) isum = _mm512_inserti32x4(isum, block_isum<K>(red[2], g), 2);
-            if constexpr (kGroups > 3) isum = _mm512_inserti32x4(isum, block_isum<K>(red[3], g), 3);
-            const __m512i as = _mm512_loadu_si512(asum_t + b * t_pad);
-            if constexpr (K::kOff == 1) isum = _mm512_sub_epi32(isum, as);
-            if constexpr (K::kOff == 8) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(as, 3));
-            const __m512 d = _mm512_set1_ps(fp16_to_fp32(load_u16(p + g * K::kBytes + K::kDOff)));
-            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
-        }
-    }
-    return acc;
-}
-
 template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
-    if (a.n_tokens < 2) {
-        const int64_t prefetch_stride = kPrefetchRows * static_cast<int64_t>(w.row_bytes);
-        for (int64_t t = 0; t < a.n_tokens; ++t) {
-            const int8_t* act = a.slots + t * a.slot_bytes;
-            const int32_t* asum = a.asum + t * nb;
-            for (int64_t r = r0; r < r1; r += 4) {
-                const uint8_t* rp[4];
-                for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
-                alignas(16) float out[4];
-                _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, prefetch_stride), _mm_set1_ps(a.scale[t])));
-                for (int i = 0; i < 4 && r + i < r1; ++i) y[t * rows + r + i] = out[i];
-            }
-        }
-        return;
-    }
-    // Token tiles outside, rows inside: a tile's activations stay in cache while the rows stream.
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += 16) {
-        const int count = static_cast<int>(std::min<int64_t>(16, a.n_tokens - t0));
-        const int groups = (count + 3) / 4;
-        const int8_t* act[16];
-        for (int i = 0; i < 16; ++i) act[i] = a.slots + (t0 + std::min(i, count - 1)) * a.slot_bytes;
-        const __m512 sc = _mm512_loadu_ps(a.scale + t0);
-        const int32_t* asum_t = a.asum_t + t0;
-        for (int64_t r = r0; r < r1; ++r) {
-            const uint8_t* row = base + r * w.row_bytes;
-            __m512 acc;
-            switch (groups) {
-                case 1: acc = tile_tokens<K, 1>(row, act, asum_t, a.t_pad, nb); break;
-                case 2: acc = tile_tokens<K, 2>(row, act, asum_t, a.t_pad, nb); break;
-                case 3: acc = tile_tokens<K, 3>(row, act, asum_t, a.t_pad, nb); break;
-                default: acc = tile_tokens<K, 4>(row, act, asum_t, a.t_pad, nb); break;
-            }
-            alignas(64) float out[16];
-            _mm512_store_ps(out, _mm512_mul_ps(acc, sc));
-            for (int i = 0; i < count; ++i) y[(t0 + i) * rows + r] = out[i];
+    // One token at a time: two or more tokens normally go to the GEMM (matmul_int8_gemm_impl.h),
+    // which unpacks each weight once for all of them; this loop is its exact (slower) equivalent.
+    const int64_t prefetch_stride = kPrefetchRows * static_cast<int64_t>(w.row_bytes);
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+        const int8_t* act = a.slots + t * a.slot_bytes;
+        const int32_t* asum = a.asum + t * nb;
+        for (int64_t r = r0; r < r1; r += 4) {
+            const uint8_t* rp[4];
+            for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
+            alignas(16) float out[4];
+            _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, prefetch_stride), _mm_set1_ps(a.scale[t])));
+            for (int i = 0; i < 4 && r + i < r1; ++i) y[t * rows + r + i] = out[i];
         }
     }
 }
