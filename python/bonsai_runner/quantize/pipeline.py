@@ -130,14 +130,23 @@ class Quantizer:
         from ..convert.hf_reader import HfCheckpoint
         from .calibration import Tokenizer
 
+        from .gguf_input import GgufCheckpoint, is_gguf_file
+
         self.opts, self.log = opts, log
-        self.ckpt = HfCheckpoint(opts.model_dir)
-        self.family = family_for(self.ckpt.config, str(Path(opts.model_dir) / "config.json"))
+        if is_gguf_file(opts.model_dir):
+            self.ckpt = GgufCheckpoint(opts.model_dir)
+            self.tokenizer_dir = self.ckpt.tokenizer_dir
+            where = f"{opts.model_dir} (GGUF metadata)"
+        else:
+            self.ckpt = HfCheckpoint(opts.model_dir)
+            self.tokenizer_dir = Path(opts.model_dir)
+            where = str(Path(opts.model_dir) / "config.json")
+        self.family = family_for(self.ckpt.config, where)
         shapes = {n: self.ckpt.shape(n) for n in self.ckpt.tensor_names()}
         self.specs = self.family.validate_tensors(shapes, str(opts.model_dir))
         self.hp = self.family.hp
         self.cfg = BlockConfig.from_family(self.family)
-        self.tokenizer = Tokenizer(opts.model_dir)
+        self.tokenizer = Tokenizer(self.tokenizer_dir)
         self.policy = Policy(opts.group_size, opts.embed_type, tuple(parse_policy(opts.policy)))
         self.loader = loader_cls(self.ckpt)
         out = Path(opts.output_dir)
@@ -186,6 +195,8 @@ class Quantizer:
         """The first rows of a tensor as float32, read from the mapping (not the whole tensor)."""
         from ..convert.safetensors_file import bf16_bits_to_float32
 
+        if hasattr(self.ckpt, "sample_rows"):
+            return self.ckpt.sample_rows(name, rows)
         raw = self.ckpt.read_raw(name)[:rows]
         if self.ckpt.dtype(name) == "BF16":
             return bf16_bits_to_float32(raw)
@@ -219,10 +230,12 @@ class Quantizer:
             self.log(f"all {n_linear} linear weights are already ternary: packing them losslessly "
                      "without calibration")
         summary_cal = calib.summary() if calib else {"lossless_ternary": True}
+        if hasattr(self.ckpt, "describe"):
+            summary_cal["model_source"] = self.ckpt.describe()
         self.tier_plan = {}
         if o.target_bpw is not None and calib is not None:
             self.tier_plan = self._plan_target_bpw(calib, lossless, tqdm)
-        with Ptq1DirWriter(o.output_dir, self.ckpt.config, tokenizer_dir=o.model_dir,
+        with Ptq1DirWriter(o.output_dir, self.ckpt.config, tokenizer_dir=self.tokenizer_dir,
                            scheme=self.policy.ternary, calibration=summary_cal,
                            force=o.force) as writer:
             report = self._quantize_all(writer, calib, lossless, tqdm)
@@ -489,7 +502,12 @@ class Quantizer:
 
 
 def quantize_model(opts: QuantizeOptions, log=_stderr, loader_cls=BlockLoader) -> dict:
-    return Quantizer(opts, log, loader_cls).run()
+    q = Quantizer(opts, log, loader_cls)
+    try:
+        return q.run()
+    finally:
+        if hasattr(q.ckpt, "close"):
+            q.ckpt.close()
 
 
 __all__ = ["QuantizeOptions", "BlockLoader", "Quantizer", "quantize_model"]
