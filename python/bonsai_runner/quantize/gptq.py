@@ -237,6 +237,20 @@ def quantize_rtn(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
     return codes.reshape(rows, cols), scales.astype(np.float32)
 
 
+def quantize_absmean(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """Round-to-nearest ternary without data (the RTN baseline, BitNet b1.58's absmean rule):
+    per group s = mean |w| (float16), codes = clip(round(w / s), -1, 1), i.e. threshold s / 2."""
+    rows, cols = w.shape
+    if cols % g.group:
+        raise BonsaiError(f"{cols} input columns do not split into groups of {g.group}")
+    wg = np.asarray(w, np.float64).reshape(rows, cols // g.group, g.group)
+    s = to_fp16(np.abs(wg).mean(axis=2)).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s[..., None] > 0, np.rint(wg / np.where(s > 0, s, 1.0)[..., None]), 0.0)
+    codes = np.clip(q, -1, 1).astype(np.int8)
+    return codes.reshape(rows, cols), s.astype(np.float32)
+
+
 @dataclass
 class LayerResult:
     tier: str

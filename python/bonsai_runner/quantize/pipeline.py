@@ -37,10 +37,13 @@ import numpy as np
 from ..errors import BonsaiError
 from .block_forward import (HF_KEYS, INPUT_OF, LINEARS, STAGES, BlockConfig, block_forward,
                             forward_batched)
-from .gptq import LayerResult, grid, quantize_layer, quantize_rtn, reference_codes
+from .gptq import (LayerResult, grid, quantize_absmean, quantize_layer, quantize_rtn,
+                   reference_codes)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
 from .sensitivity import HeldOut, output_metrics
+
+METHODS = ("gptq", "rtn")
 
 
 @dataclass
@@ -62,6 +65,7 @@ class QuantizeOptions:
     policy: str | None = None
     embed_type: str = "f16"
     damp: float = 0.01
+    method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
     force: bool = False
     progress: bool = True
@@ -158,6 +162,12 @@ class Quantizer:
             raise BonsaiError(f"--batch-size {opts.batch_size}: must be at least 1")
         if opts.calib_steps < 0 or opts.lr <= 0:
             raise BonsaiError("--calib-steps must be >= 0 and --lr > 0")
+        if opts.method not in METHODS:
+            raise BonsaiError(f"--method {opts.method!r}: one of {', '.join(METHODS)}")
+        if opts.method == "rtn" and (opts.sensitivity or opts.target_bpw is not None
+                                     or opts.calib_steps or opts.calib_file):
+            raise BonsaiError("--method rtn uses no calibration data: it cannot be combined with "
+                              "--calib-file, --calib-steps, --sensitivity-analysis or --target-bpw")
         if not 0.0 < opts.threshold <= 1.0:
             raise BonsaiError(f"--threshold {opts.threshold}: a cosine similarity in (0, 1]")
         self.types = {s.hf_name: self.policy.type_of(s.hf_name, len(s.shape)) for s in self.specs}
@@ -212,7 +222,9 @@ class Quantizer:
         lossless = self.scan_ternary()
         n_linear = sum(1 for s in self.specs if s.role == "linear")
         calib = None
-        if len(lossless) < n_linear:
+        if o.method == "rtn":
+            self.log("--method rtn: round-to-nearest (absmean threshold), no calibration data")
+        elif len(lossless) < n_linear:
             from .calibration import default_calibration_file, load_calibration
 
             path = o.calib_file or default_calibration_file()
@@ -229,7 +241,8 @@ class Quantizer:
         elif lossless:
             self.log(f"all {n_linear} linear weights are already ternary: packing them losslessly "
                      "without calibration")
-        summary_cal = calib.summary() if calib else {"lossless_ternary": True}
+        summary_cal = (calib.summary() if calib else {"method": "rtn"} if o.method == "rtn"
+                       else {"lossless_ternary": True})
         if hasattr(self.ckpt, "describe"):
             summary_cal["model_source"] = self.ckpt.describe()
         self.tier_plan = {}
@@ -427,6 +440,17 @@ class Quantizer:
                     continue
                 if t not in QUANT_TIERS:
                     qw[key] = self._plain_values(w[key], t)
+                    continue
+                if o.method == "rtn":
+                    codes, scales = (quantize_absmean(w[key], grid(t)) if grid(t).ternary
+                                     else reference_codes(w[key], t))
+                    res = LayerResult(t, codes, scales, None, None, None)
+                    reason = None if grid(t).ternary else (
+                        "default policy: down_proj kept at Q8_0" if t == "q8_0" and not pinned
+                        else f"policy: {t.upper()}")
+                    stored[key] = (res, {"reason": reason})
+                    qw[key] = res.dequantize()
+                    rep.layers[key] = {"tier": t, "method": "rtn"}
                     continue
                 if H is None:
                     H = _hessian_of(x, qw, self.cfg, o.batch_size, INPUT_OF[key])
