@@ -58,6 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=("gptq", "rtn"), default="gptq",
                    help="gptq: the calibrated fit (default); rtn: plain round-to-nearest ternary "
                    "(absmean threshold, no calibration data), the baseline to compare against")
+    p.add_argument("--refine-target", choices=("float", "block"), default="float",
+                   help="what --calib-steps refines each block toward: the float model's hidden "
+                   "states (float, default) or the float block on the quantized inputs (block)")
+    p.add_argument("--no-equalize", action="store_true",
+                   help="no activation-aware channel scaling before the ternary fit")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -71,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         lr=args.lr, sensitivity=args.sensitivity_analysis, threshold=args.threshold,
         target_bpw=args.target_bpw, group_size=args.group_size, max_samples=args.max_samples,
         seq_len=args.seq_len, seed=args.seed, policy=args.policy, embed_type=args.embed_type,
-        damp=args.damp, method=args.method, force=args.force, progress=not args.no_progress)
+        damp=args.damp, method=args.method,
+        equalize=not args.no_equalize, refine_target=args.refine_target, force=args.force, progress=not args.no_progress)
     result = quantize_model(opts)
     print(result["output_dir"])
     if result.get("outfile"):

@@ -66,6 +66,8 @@ class QuantizeOptions:
     embed_type: str = "f16"
     damp: float = 0.01
     method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)
+    equalize: bool = True                  # activation-aware channel scaling (equalize.py)
+    refine_target: str = "float"           # "float": the float model's stream; "block": same x
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
     force: bool = False
     progress: bool = True
@@ -153,6 +155,7 @@ class Quantizer:
         self.tokenizer = Tokenizer(self.tokenizer_dir)
         self.policy = Policy(opts.group_size, opts.embed_type, tuple(parse_policy(opts.policy)))
         self.loader = loader_cls(self.ckpt)
+        self.tier_plan: dict[str, tuple[str, str | None]] = {}
         out = Path(opts.output_dir)
         if out.exists() and not opts.force:
             raise BonsaiError(f"{out} already exists; pass --force to replace it")
@@ -168,6 +171,8 @@ class Quantizer:
                                      or opts.calib_steps or opts.calib_file):
             raise BonsaiError("--method rtn uses no calibration data: it cannot be combined with "
                               "--calib-file, --calib-steps, --sensitivity-analysis or --target-bpw")
+        if opts.refine_target not in ("float", "block"):
+            raise BonsaiError(f"--refine-target {opts.refine_target!r}: float or block")
         if not 0.0 < opts.threshold <= 1.0:
             raise BonsaiError(f"--threshold {opts.threshold}: a cosine similarity in (0, 1]")
         self.types = {s.hf_name: self.policy.type_of(s.hf_name, len(s.shape)) for s in self.specs}
@@ -294,6 +299,10 @@ class Quantizer:
                              "measured on calibration text")
                 heldout = HeldOut(held, embed, embed_q)
             x = embed_q[tokens].astype(np.float32)
+        # the float model's hidden states, the refinement's target (refine.py)
+        x_fp = None
+        if x is not None and o.calib_steps > 0 and o.refine_target == "float":
+            x_fp = embed[tokens].astype(np.float32)
         del embed, embed_q
         reports = []
         bar = tqdm(range(hp.n_layer), desc="quantizing blocks", unit="block",
@@ -301,12 +310,14 @@ class Quantizer:
         for i in bar:
             w = self.loader.load_block(i)
             rep, qw, stored = self._quantize_block(i, w, x, lossless)
+            if x_fp is not None:
+                x_fp = forward_batched(x_fp, w, self.cfg, o.batch_size)
             if x is not None and o.calib_steps > 0:
                 from .refine import refine_block
 
                 self.log(f"blk.{i}: refining scales ({o.calib_steps} Adam steps, lr {o.lr})")
                 rep.refine = refine_block(x, w, qw, stored, self.cfg, o.calib_steps, o.lr,
-                                          o.batch_size, o.seed, log=self.log)
+                                          o.batch_size, o.seed, log=self.log, target=x_fp)
                 self.log(f"blk.{i}: refinement over {o.calib_steps} steps, block output error "
                          f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}"
                          + ("" if rep.refine["kept"] else " (not better: scales kept)"))
@@ -454,6 +465,8 @@ class Quantizer:
                     continue
                 if H is None:
                     H = _hessian_of(x, qw, self.cfg, o.batch_size, INPUT_OF[key])
+                    if o.equalize:
+                        H = self._equalize(i, stage, w, qw, stored, H, tiers, lossless)
                 res = quantize_layer(w[key], H, t, o.damp)
                 cos, rel = output_metrics(w[key], res.dequantize(), H)
                 reason = reasons.get(key)
@@ -479,6 +492,46 @@ class Quantizer:
             if key not in LINEARS:
                 qw[key] = w[key]
         return rep, qw, stored
+
+    def _equalize(self, i, stage, w, qw, stored, H, tiers, lossless) -> np.ndarray:
+        """Channel scaling of one stage (equalize.py); updates w / qw / stored, returns H'."""
+        from .equalize import choose_scales, o_tie_groups, v_row_scales
+        from .ternary_fit import to_fp16
+
+        names = {k: f"model.layers.{i}.{HF_KEYS[k]}" for k in stage}
+        if any(not grid(tiers[k]).ternary if tiers[k] in QUANT_TIERS else True for k in stage) \
+                or any(names[k] in lossless or self.types[names[k]][1] for k in stage):
+            return H
+        cfg = self.cfg
+        producer = {"o": "v", "down": "up"}.get(stage[0])
+        if producer is not None and (producer not in stored
+                                     or not grid(stored[producer][0].tier).ternary):
+            return H
+        tie = o_tie_groups(cfg.n_head, cfg.n_head_kv, cfg.head_dim) if stage[0] == "o" else None
+        s, alpha, e0, e1 = choose_scales([w[k] for k in stage], H, tiers[stage[0]], tie)
+        if alpha == 0.0:
+            return H
+        for k in stage:
+            w[k] = (w[k] * s).astype(np.float32)
+        if producer is None:
+            norm = "attn_norm" if stage[0] == "q" else "ffn_norm"
+            w[norm] = (w[norm] / s).astype(np.float32)
+            qw[norm] = w[norm]
+        else:
+            d = (v_row_scales(s, cfg.n_head, cfg.n_head_kv, cfg.head_dim) if producer == "v"
+                 else s).astype(np.float64)
+            res = stored[producer][0]
+            res.scales = to_fp16(res.scales / d[:, None])
+            qw[producer] = res.dequantize()
+            w[producer] = (w[producer] / d[:, None]).astype(np.float32)
+            bias = producer + "_bias"
+            if bias in w:
+                w[bias] = (w[bias] / d).astype(np.float32)
+                qw[bias] = w[bias]
+        self.log(f"blk.{i} {'/'.join(stage):>9} channel scaling alpha {alpha:.2f}: plain-fit "
+                 f"error {e0:.4f} -> {e1:.4f}")
+        s64 = s.astype(np.float64)
+        return H / np.outer(s64, s64)
 
     @staticmethod
     def _plain_values(a: np.ndarray, t: str) -> np.ndarray:
