@@ -115,7 +115,11 @@ class GgufCheckpoint:
 
     def read_float32(self, name: str) -> np.ndarray:
         """One tensor, dequantized to float32 (q/k rows in Hugging Face order)."""
-        x = np.asarray(self._tensor(name).dequantize(), dtype=np.float32)
+        from .mapped_pages import release
+
+        t = self._tensor(name)
+        x = np.array(t.dequantize(), dtype=np.float32)
+        release(t.data)
         bad = ~np.isfinite(x)
         if bad.any():
             raise BonsaiError(f"{self.path}: tensor {self._hf[name]!r} holds {int(bad.sum())} "

@@ -164,7 +164,7 @@ def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, H: np.nda
     rows, cols = w.shape
     group = g.group
     ng = cols // group
-    chunk = max(1, int(2e7 // (ng * cols)))
+    chunk = max(1, int(4e6 // (ng * cols)))              # bounds TH below to ~32 MB
     codes = codes.copy()
     H = np.asarray(H, np.float64)
     out = scales.astype(np.float32).copy()
@@ -199,7 +199,7 @@ def _gram(TH: np.ndarray, Tg: np.ndarray) -> np.ndarray:
     """M[r, g, h] = sum over group h's columns c of TH[r, g, c] * T[r, c]."""
     r, ng, cols = TH.shape
     group = cols // ng
-    return (TH.reshape(r, ng, ng, group) * Tg[:, None]).sum(axis=-1)
+    return np.einsum("rghc,rhc->rgh", TH.reshape(r, ng, ng, group), Tg)
 
 
 def _quad(M: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:

@@ -89,11 +89,17 @@ class BlockLoader:
         for key, hf in HF_KEYS.items():
             name = f"model.layers.{i}.{hf}"
             if name in names:
-                out[key] = self.ckpt.read_float32(name)
+                out[key] = self.read(name)
         return out
 
     def read(self, name: str) -> np.ndarray:
-        return self.ckpt.read_float32(name)
+        """The tensor as float32 (a new array); its mapped source pages are released."""
+        from .mapped_pages import release
+
+        x = self.ckpt.read_float32(name)
+        if hasattr(self.ckpt, "read_raw"):
+            release(self.ckpt.read_raw(name))
+        return x
 
 
 @dataclass
