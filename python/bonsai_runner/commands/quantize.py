@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refine-target", choices=("float", "block"), default="float",
                    help="what --calib-steps refines each block toward: the float model's hidden "
                    "states (float, default) or the float block on the quantized inputs (block)")
+    p.add_argument("--float-target", action="store_true",
+                   help="fit each ternary layer to the float model's layer outputs (cross-"
+                   "covariance of the float and quantized streams) instead of the float weights "
+                   "on the quantized stream")
     p.add_argument("--no-equalize", action="store_true",
                    help="no activation-aware channel scaling before the ternary fit")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
@@ -77,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         target_bpw=args.target_bpw, group_size=args.group_size, max_samples=args.max_samples,
         seq_len=args.seq_len, seed=args.seed, policy=args.policy, embed_type=args.embed_type,
         damp=args.damp, method=args.method,
-        equalize=not args.no_equalize, refine_target=args.refine_target, force=args.force, progress=not args.no_progress)
+        equalize=not args.no_equalize, refine_target=args.refine_target,
+        float_target=args.float_target, force=args.force, progress=not args.no_progress)
     result = quantize_model(opts)
     print(result["output_dir"])
     if result.get("outfile"):

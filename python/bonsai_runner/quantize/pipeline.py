@@ -68,6 +68,7 @@ class QuantizeOptions:
     method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)
     equalize: bool = True                  # activation-aware channel scaling (equalize.py)
     refine_target: str = "float"           # "float": the float model's stream; "block": same x
+    float_target: bool = False             # GPTQ toward the float model's layer outputs
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
     force: bool = False
     progress: bool = True
@@ -307,7 +308,8 @@ class Quantizer:
             x = embed_q[tokens].astype(np.float32)
         # the float model's hidden states, the refinement's target (refine.py)
         x_fp = None
-        if x is not None and o.calib_steps > 0 and o.refine_target == "float":
+        if x is not None and ((o.calib_steps > 0 and o.refine_target == "float")
+                              or o.float_target):
             x_fp = embed[tokens].astype(np.float32)
         del embed, embed_q
         reports = []
@@ -315,7 +317,8 @@ class Quantizer:
                    disable=not o.progress, file=sys.stderr)
         for i in bar:
             w = self.loader.load_block(i)
-            rep, qw, stored = self._quantize_block(i, w, x, lossless)
+            rep, qw, stored = self._quantize_block(i, w, x, lossless,
+                                                   x_fp if o.float_target else None)
             if x_fp is not None:
                 x_fp = forward_batched(x_fp, w, self.cfg, o.batch_size)
             if x is not None and o.calib_steps > 0:
@@ -435,7 +438,31 @@ class Quantizer:
             plan[name] = (t, why)
         return plan
 
-    def _quantize_block(self, i, w, x, lossless):
+    def _float_target(self, w_key, x, x_fp, qw, w, H, wanted) -> np.ndarray:
+        """The weights whose output on the quantized stream best matches the float model's:
+        W_eff = W C (H + damp)^-1 with C = 2 X_fp^T X_q / tokens, so that GPTQ on W_eff with H
+        minimizes ||X_fp W^T - X_q Q^T|| (the float model's layer output is the target)."""
+        o = self.opts
+        acc = {"C": None, "n": 0}
+        for b in range(0, x.shape[0], o.batch_size):
+            got = {}
+
+            def cap(name, a, got=got):
+                if name == wanted:
+                    got.setdefault("a", []).append(np.ascontiguousarray(a, dtype=np.float32))
+            block_forward(x[b:b + o.batch_size], qw, self.cfg, cap)
+            block_forward(x_fp[b:b + o.batch_size], w, self.cfg, cap)
+            xq, xf = got["a"]
+            c = (xf.T @ xq).astype(np.float64)
+            acc["C"] = c if acc["C"] is None else acc["C"] + c
+            acc["n"] += xq.shape[0]
+        C = 2.0 * acc["C"] / max(acc["n"], 1)
+        Hd = np.array(H, dtype=np.float64)
+        Hd[np.diag_indices_from(Hd)] += o.damp * float(np.mean(np.diag(Hd))) + 1e-12
+        wc = np.asarray(w_key, np.float64) @ C
+        return np.linalg.solve(Hd, wc.T).T.astype(np.float32)
+
+    def _quantize_block(self, i, w, x, lossless, x_fp=None):
         o = self.opts
         rep = BlockReport(i)
         qw = dict(w)
@@ -473,7 +500,10 @@ class Quantizer:
                     H = _hessian_of(x, qw, self.cfg, o.batch_size, INPUT_OF[key])
                     if o.equalize:
                         H = self._equalize(i, stage, w, qw, stored, H, tiers, lossless)
-                res = quantize_layer(w[key], H, t, o.damp)
+                target = w[key]
+                if x_fp is not None and grid(t).ternary:
+                    target = self._float_target(w[key], x, x_fp, qw, w, H, INPUT_OF[key])
+                res = quantize_layer(target, H, t, o.damp)
                 cos, rel = output_metrics(w[key], res.dequantize(), H)
                 reason = reasons.get(key)
                 if t == "q8_0" and reason is None and not pinned:
