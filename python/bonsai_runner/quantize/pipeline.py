@@ -438,27 +438,30 @@ class Quantizer:
             plan[name] = (t, why)
         return plan
 
-    def _float_target(self, w_key, x, x_fp, qw, w, H, wanted) -> np.ndarray:
-        """The weights whose output on the quantized stream best matches the float model's:
-        W_eff = W C (H + damp)^-1 with C = 2 X_fp^T X_q / tokens, so that GPTQ on W_eff with H
-        minimizes ||X_fp W^T - X_q Q^T|| (the float model's layer output is the target)."""
+    def _cross_of(self, x, x_fp, qw, w, wanted) -> np.ndarray:
+        """C = 2 X_fp^T X_q / tokens: the float model's and the quantized stream's inputs of the
+        layers fed by `wanted`, captured by running both block versions on the same sequences."""
         o = self.opts
-        acc = {"C": None, "n": 0}
+        acc, n = None, 0
         for b in range(0, x.shape[0], o.batch_size):
-            got = {}
+            got = []
 
             def cap(name, a, got=got):
                 if name == wanted:
-                    got.setdefault("a", []).append(np.ascontiguousarray(a, dtype=np.float32))
+                    got.append(np.ascontiguousarray(a, dtype=np.float32))
             block_forward(x[b:b + o.batch_size], qw, self.cfg, cap)
             block_forward(x_fp[b:b + o.batch_size], w, self.cfg, cap)
-            xq, xf = got["a"]
+            xq, xf = got
             c = (xf.T @ xq).astype(np.float64)
-            acc["C"] = c if acc["C"] is None else acc["C"] + c
-            acc["n"] += xq.shape[0]
-        C = 2.0 * acc["C"] / max(acc["n"], 1)
+            acc = c if acc is None else acc + c
+            n += xq.shape[0]
+        return 2.0 * acc / max(n, 1)
+
+    def _float_target(self, w_key, H, C) -> np.ndarray:
+        """W_eff = W C (H + damp)^-1: GPTQ on W_eff with H minimizes ||X_fp W^T - X_q Q^T||, the
+        distance to the float model's layer output (not to W on the quantized stream)."""
         Hd = np.array(H, dtype=np.float64)
-        Hd[np.diag_indices_from(Hd)] += o.damp * float(np.mean(np.diag(Hd))) + 1e-12
+        Hd[np.diag_indices_from(Hd)] += self.opts.damp * float(np.mean(np.diag(Hd))) + 1e-12
         wc = np.asarray(w_key, np.float64) @ C
         return np.linalg.solve(Hd, wc.T).T.astype(np.float32)
 
@@ -469,7 +472,7 @@ class Quantizer:
         stored: dict[str, tuple[LayerResult, dict]] = {}
         tiers, reasons = self._block_tiers(i)
         for stage in STAGES:
-            H = None
+            H = C = None
             for key in stage:
                 name = f"model.layers.{i}.{HF_KEYS[key]}"
                 pinned = self.types[name][1]
@@ -502,7 +505,9 @@ class Quantizer:
                         H = self._equalize(i, stage, w, qw, stored, H, tiers, lossless)
                 target = w[key]
                 if x_fp is not None and grid(t).ternary:
-                    target = self._float_target(w[key], x, x_fp, qw, w, H, INPUT_OF[key])
+                    if C is None:
+                        C = self._cross_of(x, x_fp, qw, w, INPUT_OF[key])
+                    target = self._float_target(w[key], H, C)
                 res = quantize_layer(target, H, t, o.damp)
                 cos, rel = output_metrics(w[key], res.dequantize(), H)
                 reason = reasons.get(key)
