@@ -110,21 +110,36 @@ class BlockReport:
     refine: dict | None = None
 
 
-def _hessian_of(x_all, w, cfg, batch, wanted: str) -> np.ndarray:
-    """H = 2 X^T X / tokens of the activations `wanted` when running x_all through the block."""
-    acc = {"H": None, "n": 0}
+class _Captured(Exception):
+    """Raised by a capture callback to stop the block forward once its input is captured."""
+
+
+def activations_of(x, w, cfg, wanted: str) -> np.ndarray:
+    """The activations `wanted` ([tokens, features], float32) of hidden states x in block w; the
+    forward stops right after them."""
+    got = []
 
     def cap(name, a):
-        if name != wanted:
-            return
-        a32 = np.ascontiguousarray(a, dtype=np.float32)
-        xtx = (a32.T @ a32).astype(np.float64)
-        acc["H"] = xtx if acc["H"] is None else acc["H"] + xtx
-        acc["n"] += a.shape[0]
+        if name == wanted:
+            got.append(np.ascontiguousarray(a, dtype=np.float32))
+            raise _Captured
 
+    try:
+        block_forward(x, w, cfg, cap)
+    except _Captured:
+        pass
+    return got[0]
+
+
+def _hessian_of(x_all, w, cfg, batch, wanted: str) -> np.ndarray:
+    """H = 2 X^T X / tokens of the activations `wanted` when running x_all through the block."""
+    H, n = None, 0
     for i in range(0, x_all.shape[0], batch):
-        block_forward(x_all[i:i + batch], w, cfg, cap)
-    return 2.0 * acc["H"] / max(acc["n"], 1)
+        a = activations_of(x_all[i:i + batch], w, cfg, wanted)
+        xtx = (a.T @ a).astype(np.float64)
+        H = xtx if H is None else H + xtx
+        n += a.shape[0]
+    return 2.0 * H / max(n, 1)
 
 
 def _lossless_ternary(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
@@ -438,20 +453,36 @@ class Quantizer:
             plan[name] = (t, why)
         return plan
 
+    def _store_q8(self, i, key, w, qw, stored, rep, x, reason, pinned) -> None:
+        """A Q8_0 layer by the reference block quantizer; cosine / relative output error are
+        measured on the layer's inputs of the first calibration sequences (up to 1024 tokens)."""
+        codes, scales = reference_codes(w[key], "q8_0")
+        res = LayerResult("q8_0", codes, scales, None, None, None)
+        q = res.dequantize()
+        n_seq = max(1, min(x.shape[0], 1024 // max(x.shape[1], 1)))
+        a = activations_of(x[:n_seq], qw, self.cfg, INPUT_OF[key]).astype(np.float64)
+        y, yq = a @ w[key].T.astype(np.float64), a @ q.T.astype(np.float64)
+        den = float(np.sqrt((y * y).sum() * (yq * yq).sum()))
+        cos = float((y * yq).sum() / den) if den > 0 else 1.0
+        rel = float(np.sqrt(((y - yq) ** 2).sum() / max((y * y).sum(), 1e-300)))
+        if reason is None and not pinned:
+            reason = "default policy: down_proj kept at Q8_0" if key == "down" else None
+        elif pinned and reason is None:
+            reason = "policy: Q8_0"
+        stored[key] = (res, {"cosine": cos, "rel_err": rel, "reason": reason})
+        qw[key] = q
+        rep.layers[key] = {"tier": "q8_0", "err": rel, "cosine": cos, "method": "reference"}
+        self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} q8_0   rel. output error: reference "
+                 f"rounding {rel:.4f}  (cosine {cos:.4f}, {a.shape[0]} tokens)")
+
     def _cross_of(self, x, x_fp, qw, w, wanted) -> np.ndarray:
         """C = 2 X_fp^T X_q / tokens: the float model's and the quantized stream's inputs of the
         layers fed by `wanted`, captured by running both block versions on the same sequences."""
         o = self.opts
         acc, n = None, 0
         for b in range(0, x.shape[0], o.batch_size):
-            got = []
-
-            def cap(name, a, got=got):
-                if name == wanted:
-                    got.append(np.ascontiguousarray(a, dtype=np.float32))
-            block_forward(x[b:b + o.batch_size], qw, self.cfg, cap)
-            block_forward(x_fp[b:b + o.batch_size], w, self.cfg, cap)
-            xq, xf = got
+            xq = activations_of(x[b:b + o.batch_size], qw, self.cfg, wanted)
+            xf = activations_of(x_fp[b:b + o.batch_size], w, self.cfg, wanted)
             c = (xf.T @ xq).astype(np.float64)
             acc = c if acc is None else acc + c
             n += xq.shape[0]
@@ -498,6 +529,11 @@ class Quantizer:
                     stored[key] = (res, {"reason": reason})
                     qw[key] = res.dequantize()
                     rep.layers[key] = {"tier": t, "method": "rtn"}
+                    continue
+                if t == "q8_0" and H is None and len(stage) == 1:
+                    # Q8_0 is within ~0.5% of the float output with plain rounding: the
+                    # reference blocks, no Hessian (4864^2 for a down_proj) and no GPTQ
+                    self._store_q8(i, key, w, qw, stored, rep, x, reasons.get(key), pinned)
                     continue
                 if H is None:
                     H = _hessian_of(x, qw, self.cfg, o.batch_size, INPUT_OF[key])
