@@ -65,8 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fit each ternary layer to the float model's layer outputs (cross-"
                    "covariance of the float and quantized streams) instead of the float weights "
                    "on the quantized stream")
-    p.add_argument("--no-equalize", action="store_true",
-                   help="no activation-aware channel scaling before the ternary fit")
+    p.add_argument("--equalize", action="store_true",
+                   help="activation-aware channel scaling before the ternary fit (AWQ-style, "
+                   "exact folds into the norms / v rows; on Qwen2.5-0.5B it changed layer errors "
+                   "by ~0.1%%, so it is off by default)")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         target_bpw=args.target_bpw, group_size=args.group_size, max_samples=args.max_samples,
         seq_len=args.seq_len, seed=args.seed, policy=args.policy, embed_type=args.embed_type,
         damp=args.damp, method=args.method,
-        equalize=not args.no_equalize, refine_target=args.refine_target,
+        equalize=args.equalize, refine_target=args.refine_target,
         float_target=args.float_target, force=args.force, progress=not args.no_progress)
     result = quantize_model(opts)
     print(result["output_dir"])

@@ -66,7 +66,7 @@ class QuantizeOptions:
     embed_type: str = "f16"
     damp: float = 0.01
     method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)
-    equalize: bool = True                  # activation-aware channel scaling (equalize.py)
+    equalize: bool = False                 # activation-aware channel scaling (equalize.py)
     refine_target: str = "float"           # "float": the float model's stream; "block": same x
     float_target: bool = False             # GPTQ toward the float model's layer outputs
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
