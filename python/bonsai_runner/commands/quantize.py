@@ -64,11 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--float-target", action="store_true",
                    help="fit each ternary layer to the float model's layer outputs (cross-"
                    "covariance of the float and quantized streams) instead of the float weights "
-                   "on the quantized stream")
+                   "on the quantized stream; on Qwen2.5-0.5B: same PPL, more same-top tokens "
+                   "(31.7%% vs 29.5%%) but a higher mean KL (2.53 vs 2.42), so off by default")
     p.add_argument("--equalize", action="store_true",
                    help="activation-aware channel scaling before the ternary fit (AWQ-style, "
                    "exact folds into the norms / v rows; on Qwen2.5-0.5B it changed layer errors "
-                   "by ~0.1%%, so it is off by default)")
+                   "by ~0.1%% but raised the mean KL from 2.42 to 2.65: off by default)")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
