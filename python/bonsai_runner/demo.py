@@ -5,8 +5,8 @@
    (tiny_model.py);
 2. reference: the model as F16 GGUF (`bonsai convert --outtype f16`; from Q4_K_M this re-rounds
    the dequantized weights, so the F16 file *is* the reference everything is measured against);
-3. quantizer input: a Hugging Face directory (export_hf.py writes it from the F16 GGUF; the tiny
-   model is generated in that layout already);
+3. quantizer input: the F16 GGUF itself (the quantizer reads GGUF files one tensor at a time,
+   with the tokenizer from its metadata); the tiny model is generated as a Hugging Face directory;
 4. quantize to PTQ1_0 with the built-in calibration set (fewer samples and shorter sequences than
    a full run), which prints the fallback table; then the file sizes and the engine's memory
    figures (weights, KV cache, compute). Sensitivity analysis (INT8 fallback of layers under the
@@ -16,8 +16,8 @@
    rank the tensors to promote;
 5. `bonsai compare` of the PTQ1_0 file against the F16 reference (PPL, KL, same-top, the gates);
 6. one chat prompt answered by the PTQ1_0 model through `bonsai_runner.Llama`.
-Intermediate files of the real model (F16 GGUF, HF export) are kept in the cache directory and
-reused by the next run; the quantized model is made again every time.
+The F16 GGUF of the real model is kept in the cache directory and reused by the next run; the
+quantized model is made again every time.
 """
 
 from __future__ import annotations
@@ -105,14 +105,7 @@ def _run(opts: DemoOptions, cache: Path, log) -> dict:
             log("already there (delete it to convert again)")
         else:
             convert(str(source), str(f16), "f16", allow_lossy=True, progress=False, log=log)
-        hf = work / "hf-f16"
-        step(f"export the F16 weights as a Hugging Face directory for the quantizer: {hf}")
-        if (hf / "model.safetensors").exists():
-            log("already there (delete it to export again)")
-        else:
-            from .export_hf import export_hf
-
-            export_hf(f16, hf, force=True, log=log)
+        hf = f16      # the quantizer reads the F16 GGUF directly (quantize/gguf_input.py)
         samples, seq_len, chunks, ctx = opts.max_samples or 12, opts.seq_len or 256, \
             opts.chunks or 4, 512
     if samples < 2:
@@ -121,7 +114,8 @@ def _run(opts: DemoOptions, cache: Path, log) -> dict:
     out_dir = work / "ptq1"
     q = work / f"{f16.stem.replace('-f16', '')}-ptq1_0.gguf"
     sens = opts.tiny if opts.sensitivity is None else opts.sensitivity
-    step(f"quantize to PTQ1_0 with the built-in calibration set ({samples} sequences of up to "
+    step(f"quantize {Path(hf).name} to PTQ1_0 with the built-in calibration set ({samples} "
+         f"sequences of up to "
          f"{seq_len} tokens, sensitivity analysis {'on' if sens else 'off'}), then convert to {q}")
     res = quantize_model(QuantizeOptions(model_dir=str(hf), output_dir=str(out_dir),
                                          outfile=str(q), max_samples=samples, seq_len=seq_len,

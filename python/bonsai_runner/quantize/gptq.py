@@ -164,7 +164,7 @@ def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, H: np.nda
     rows, cols = w.shape
     group = g.group
     ng = cols // group
-    chunk = max(1, int(2e7 // (ng * cols)))
+    chunk = max(1, int(4e6 // (ng * cols)))              # bounds TH below to ~32 MB
     codes = codes.copy()
     H = np.asarray(H, np.float64)
     out = scales.astype(np.float32).copy()
@@ -199,7 +199,7 @@ def _gram(TH: np.ndarray, Tg: np.ndarray) -> np.ndarray:
     """M[r, g, h] = sum over group h's columns c of TH[r, g, c] * T[r, c]."""
     r, ng, cols = TH.shape
     group = cols // ng
-    return (TH.reshape(r, ng, ng, group) * Tg[:, None]).sum(axis=-1)
+    return np.einsum("rghc,rhc->rgh", TH.reshape(r, ng, ng, group), Tg)
 
 
 def _quad(M: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -235,6 +235,20 @@ def quantize_rtn(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
     scales = np.stack([g.group_scale(wg[:, i], np.ones(g.group)) for i in range(wg.shape[1])], 1)
     codes = g.round(wg, scales[..., None].astype(np.float64))
     return codes.reshape(rows, cols), scales.astype(np.float32)
+
+
+def quantize_absmean(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """Round-to-nearest ternary without data (the RTN baseline, BitNet b1.58's absmean rule):
+    per group s = mean |w| (float16), codes = clip(round(w / s), -1, 1), i.e. threshold s / 2."""
+    rows, cols = w.shape
+    if cols % g.group:
+        raise BonsaiError(f"{cols} input columns do not split into groups of {g.group}")
+    wg = np.asarray(w, np.float64).reshape(rows, cols // g.group, g.group)
+    s = to_fp16(np.abs(wg).mean(axis=2)).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s[..., None] > 0, np.rint(wg / np.where(s > 0, s, 1.0)[..., None]), 0.0)
+    codes = np.clip(q, -1, 1).astype(np.int8)
+    return codes.reshape(rows, cols), s.astype(np.float32)
 
 
 @dataclass

@@ -37,10 +37,13 @@ import numpy as np
 from ..errors import BonsaiError
 from .block_forward import (HF_KEYS, INPUT_OF, LINEARS, STAGES, BlockConfig, block_forward,
                             forward_batched)
-from .gptq import LayerResult, grid, quantize_layer, quantize_rtn, reference_codes
+from .gptq import (LayerResult, grid, quantize_absmean, quantize_layer, quantize_rtn,
+                   reference_codes)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
 from .sensitivity import HeldOut, output_metrics
+
+METHODS = ("gptq", "rtn")
 
 
 @dataclass
@@ -62,6 +65,10 @@ class QuantizeOptions:
     policy: str | None = None
     embed_type: str = "f16"
     damp: float = 0.01
+    method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)
+    equalize: bool = False                 # activation-aware channel scaling (equalize.py)
+    refine_target: str = "float"           # "float": the float model's stream; "block": same x
+    float_target: bool = False             # GPTQ toward the float model's layer outputs
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
     force: bool = False
     progress: bool = True
@@ -83,11 +90,17 @@ class BlockLoader:
         for key, hf in HF_KEYS.items():
             name = f"model.layers.{i}.{hf}"
             if name in names:
-                out[key] = self.ckpt.read_float32(name)
+                out[key] = self.read(name)
         return out
 
     def read(self, name: str) -> np.ndarray:
-        return self.ckpt.read_float32(name)
+        """The tensor as float32 (a new array); its mapped source pages are released."""
+        from .mapped_pages import release
+
+        x = self.ckpt.read_float32(name)
+        if hasattr(self.ckpt, "read_raw"):
+            release(self.ckpt.read_raw(name))
+        return x
 
 
 @dataclass
@@ -97,21 +110,36 @@ class BlockReport:
     refine: dict | None = None
 
 
-def _hessian_of(x_all, w, cfg, batch, wanted: str) -> np.ndarray:
-    """H = 2 X^T X / tokens of the activations `wanted` when running x_all through the block."""
-    acc = {"H": None, "n": 0}
+class _Captured(Exception):
+    """Raised by a capture callback to stop the block forward once its input is captured."""
+
+
+def activations_of(x, w, cfg, wanted: str) -> np.ndarray:
+    """The activations `wanted` ([tokens, features], float32) of hidden states x in block w; the
+    forward stops right after them."""
+    got = []
 
     def cap(name, a):
-        if name != wanted:
-            return
-        a32 = np.ascontiguousarray(a, dtype=np.float32)
-        xtx = (a32.T @ a32).astype(np.float64)
-        acc["H"] = xtx if acc["H"] is None else acc["H"] + xtx
-        acc["n"] += a.shape[0]
+        if name == wanted:
+            got.append(np.ascontiguousarray(a, dtype=np.float32))
+            raise _Captured
 
+    try:
+        block_forward(x, w, cfg, cap)
+    except _Captured:
+        pass
+    return got[0]
+
+
+def _hessian_of(x_all, w, cfg, batch, wanted: str) -> np.ndarray:
+    """H = 2 X^T X / tokens of the activations `wanted` when running x_all through the block."""
+    H, n = None, 0
     for i in range(0, x_all.shape[0], batch):
-        block_forward(x_all[i:i + batch], w, cfg, cap)
-    return 2.0 * acc["H"] / max(acc["n"], 1)
+        a = activations_of(x_all[i:i + batch], w, cfg, wanted)
+        xtx = (a.T @ a).astype(np.float64)
+        H = xtx if H is None else H + xtx
+        n += a.shape[0]
+    return 2.0 * H / max(n, 1)
 
 
 def _lossless_ternary(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
@@ -130,16 +158,26 @@ class Quantizer:
         from ..convert.hf_reader import HfCheckpoint
         from .calibration import Tokenizer
 
+        from .gguf_input import GgufCheckpoint, is_gguf_file
+
         self.opts, self.log = opts, log
-        self.ckpt = HfCheckpoint(opts.model_dir)
-        self.family = family_for(self.ckpt.config, str(Path(opts.model_dir) / "config.json"))
+        if is_gguf_file(opts.model_dir):
+            self.ckpt = GgufCheckpoint(opts.model_dir)
+            self.tokenizer_dir = self.ckpt.tokenizer_dir
+            where = f"{opts.model_dir} (GGUF metadata)"
+        else:
+            self.ckpt = HfCheckpoint(opts.model_dir)
+            self.tokenizer_dir = Path(opts.model_dir)
+            where = str(Path(opts.model_dir) / "config.json")
+        self.family = family_for(self.ckpt.config, where)
         shapes = {n: self.ckpt.shape(n) for n in self.ckpt.tensor_names()}
         self.specs = self.family.validate_tensors(shapes, str(opts.model_dir))
         self.hp = self.family.hp
         self.cfg = BlockConfig.from_family(self.family)
-        self.tokenizer = Tokenizer(opts.model_dir)
+        self.tokenizer = Tokenizer(self.tokenizer_dir)
         self.policy = Policy(opts.group_size, opts.embed_type, tuple(parse_policy(opts.policy)))
         self.loader = loader_cls(self.ckpt)
+        self.tier_plan: dict[str, tuple[str, str | None]] = {}
         out = Path(opts.output_dir)
         if out.exists() and not opts.force:
             raise BonsaiError(f"{out} already exists; pass --force to replace it")
@@ -149,6 +187,14 @@ class Quantizer:
             raise BonsaiError(f"--batch-size {opts.batch_size}: must be at least 1")
         if opts.calib_steps < 0 or opts.lr <= 0:
             raise BonsaiError("--calib-steps must be >= 0 and --lr > 0")
+        if opts.method not in METHODS:
+            raise BonsaiError(f"--method {opts.method!r}: one of {', '.join(METHODS)}")
+        if opts.method == "rtn" and (opts.sensitivity or opts.target_bpw is not None
+                                     or opts.calib_steps or opts.calib_file):
+            raise BonsaiError("--method rtn uses no calibration data: it cannot be combined with "
+                              "--calib-file, --calib-steps, --sensitivity-analysis or --target-bpw")
+        if opts.refine_target not in ("float", "block"):
+            raise BonsaiError(f"--refine-target {opts.refine_target!r}: float or block")
         if not 0.0 < opts.threshold <= 1.0:
             raise BonsaiError(f"--threshold {opts.threshold}: a cosine similarity in (0, 1]")
         self.types = {s.hf_name: self.policy.type_of(s.hf_name, len(s.shape)) for s in self.specs}
@@ -186,6 +232,8 @@ class Quantizer:
         """The first rows of a tensor as float32, read from the mapping (not the whole tensor)."""
         from ..convert.safetensors_file import bf16_bits_to_float32
 
+        if hasattr(self.ckpt, "sample_rows"):
+            return self.ckpt.sample_rows(name, rows)
         raw = self.ckpt.read_raw(name)[:rows]
         if self.ckpt.dtype(name) == "BF16":
             return bf16_bits_to_float32(raw)
@@ -201,7 +249,9 @@ class Quantizer:
         lossless = self.scan_ternary()
         n_linear = sum(1 for s in self.specs if s.role == "linear")
         calib = None
-        if len(lossless) < n_linear:
+        if o.method == "rtn":
+            self.log("--method rtn: round-to-nearest (absmean threshold), no calibration data")
+        elif len(lossless) < n_linear:
             from .calibration import default_calibration_file, load_calibration
 
             path = o.calib_file or default_calibration_file()
@@ -218,11 +268,14 @@ class Quantizer:
         elif lossless:
             self.log(f"all {n_linear} linear weights are already ternary: packing them losslessly "
                      "without calibration")
-        summary_cal = calib.summary() if calib else {"lossless_ternary": True}
+        summary_cal = (calib.summary() if calib else {"method": "rtn"} if o.method == "rtn"
+                       else {"lossless_ternary": True})
+        if hasattr(self.ckpt, "describe"):
+            summary_cal["model_source"] = self.ckpt.describe()
         self.tier_plan = {}
         if o.target_bpw is not None and calib is not None:
             self.tier_plan = self._plan_target_bpw(calib, lossless, tqdm)
-        with Ptq1DirWriter(o.output_dir, self.ckpt.config, tokenizer_dir=o.model_dir,
+        with Ptq1DirWriter(o.output_dir, self.ckpt.config, tokenizer_dir=self.tokenizer_dir,
                            scheme=self.policy.ternary, calibration=summary_cal,
                            force=o.force) as writer:
             report = self._quantize_all(writer, calib, lossless, tqdm)
@@ -268,19 +321,27 @@ class Quantizer:
                              "measured on calibration text")
                 heldout = HeldOut(held, embed, embed_q)
             x = embed_q[tokens].astype(np.float32)
+        # the float model's hidden states, the refinement's target (refine.py)
+        x_fp = None
+        if x is not None and ((o.calib_steps > 0 and o.refine_target == "float")
+                              or o.float_target):
+            x_fp = embed[tokens].astype(np.float32)
         del embed, embed_q
         reports = []
         bar = tqdm(range(hp.n_layer), desc="quantizing blocks", unit="block",
                    disable=not o.progress, file=sys.stderr)
         for i in bar:
             w = self.loader.load_block(i)
-            rep, qw, stored = self._quantize_block(i, w, x, lossless)
+            rep, qw, stored = self._quantize_block(i, w, x, lossless,
+                                                   x_fp if o.float_target else None)
+            if x_fp is not None:
+                x_fp = forward_batched(x_fp, w, self.cfg, o.batch_size)
             if x is not None and o.calib_steps > 0:
                 from .refine import refine_block
 
                 self.log(f"blk.{i}: refining scales ({o.calib_steps} Adam steps, lr {o.lr})")
                 rep.refine = refine_block(x, w, qw, stored, self.cfg, o.calib_steps, o.lr,
-                                          o.batch_size, o.seed, log=self.log)
+                                          o.batch_size, o.seed, log=self.log, target=x_fp)
                 self.log(f"blk.{i}: refinement over {o.calib_steps} steps, block output error "
                          f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}"
                          + ("" if rep.refine["kept"] else " (not better: scales kept)"))
@@ -392,14 +453,57 @@ class Quantizer:
             plan[name] = (t, why)
         return plan
 
-    def _quantize_block(self, i, w, x, lossless):
+    def _store_q8(self, i, key, w, qw, stored, rep, x, reason, pinned) -> None:
+        """A Q8_0 layer by the reference block quantizer; cosine / relative output error are
+        measured on the layer's inputs of the first calibration sequences (up to 1024 tokens)."""
+        codes, scales = reference_codes(w[key], "q8_0")
+        res = LayerResult("q8_0", codes, scales, None, None, None)
+        q = res.dequantize()
+        n_seq = max(1, min(x.shape[0], 1024 // max(x.shape[1], 1)))
+        a = activations_of(x[:n_seq], qw, self.cfg, INPUT_OF[key]).astype(np.float64)
+        y, yq = a @ w[key].T.astype(np.float64), a @ q.T.astype(np.float64)
+        den = float(np.sqrt((y * y).sum() * (yq * yq).sum()))
+        cos = float((y * yq).sum() / den) if den > 0 else 1.0
+        rel = float(np.sqrt(((y - yq) ** 2).sum() / max((y * y).sum(), 1e-300)))
+        if reason is None and not pinned:
+            reason = "default policy: down_proj kept at Q8_0" if key == "down" else None
+        elif pinned and reason is None:
+            reason = "policy: Q8_0"
+        stored[key] = (res, {"cosine": cos, "rel_err": rel, "reason": reason})
+        qw[key] = q
+        rep.layers[key] = {"tier": "q8_0", "err": rel, "cosine": cos, "method": "reference"}
+        self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} q8_0   rel. output error: reference "
+                 f"rounding {rel:.4f}  (cosine {cos:.4f}, {a.shape[0]} tokens)")
+
+    def _cross_of(self, x, x_fp, qw, w, wanted) -> np.ndarray:
+        """C = 2 X_fp^T X_q / tokens: the float model's and the quantized stream's inputs of the
+        layers fed by `wanted`, captured by running both block versions on the same sequences."""
+        o = self.opts
+        acc, n = None, 0
+        for b in range(0, x.shape[0], o.batch_size):
+            xq = activations_of(x[b:b + o.batch_size], qw, self.cfg, wanted)
+            xf = activations_of(x_fp[b:b + o.batch_size], w, self.cfg, wanted)
+            c = (xf.T @ xq).astype(np.float64)
+            acc = c if acc is None else acc + c
+            n += xq.shape[0]
+        return 2.0 * acc / max(n, 1)
+
+    def _float_target(self, w_key, H, C) -> np.ndarray:
+        """W_eff = W C (H + damp)^-1: GPTQ on W_eff with H minimizes ||X_fp W^T - X_q Q^T||, the
+        distance to the float model's layer output (not to W on the quantized stream)."""
+        Hd = np.array(H, dtype=np.float64)
+        Hd[np.diag_indices_from(Hd)] += self.opts.damp * float(np.mean(np.diag(Hd))) + 1e-12
+        wc = np.asarray(w_key, np.float64) @ C
+        return np.linalg.solve(Hd, wc.T).T.astype(np.float32)
+
+    def _quantize_block(self, i, w, x, lossless, x_fp=None):
         o = self.opts
         rep = BlockReport(i)
         qw = dict(w)
         stored: dict[str, tuple[LayerResult, dict]] = {}
         tiers, reasons = self._block_tiers(i)
         for stage in STAGES:
-            H = None
+            H = C = None
             for key in stage:
                 name = f"model.layers.{i}.{HF_KEYS[key]}"
                 pinned = self.types[name][1]
@@ -415,9 +519,32 @@ class Quantizer:
                 if t not in QUANT_TIERS:
                     qw[key] = self._plain_values(w[key], t)
                     continue
+                if o.method == "rtn":
+                    codes, scales = (quantize_absmean(w[key], grid(t)) if grid(t).ternary
+                                     else reference_codes(w[key], t))
+                    res = LayerResult(t, codes, scales, None, None, None)
+                    reason = None if grid(t).ternary else (
+                        "default policy: down_proj kept at Q8_0" if t == "q8_0" and not pinned
+                        else f"policy: {t.upper()}")
+                    stored[key] = (res, {"reason": reason})
+                    qw[key] = res.dequantize()
+                    rep.layers[key] = {"tier": t, "method": "rtn"}
+                    continue
+                if t == "q8_0" and H is None and len(stage) == 1:
+                    # Q8_0 is within ~0.5% of the float output with plain rounding: the
+                    # reference blocks, no Hessian (4864^2 for a down_proj) and no GPTQ
+                    self._store_q8(i, key, w, qw, stored, rep, x, reasons.get(key), pinned)
+                    continue
                 if H is None:
                     H = _hessian_of(x, qw, self.cfg, o.batch_size, INPUT_OF[key])
-                res = quantize_layer(w[key], H, t, o.damp)
+                    if o.equalize:
+                        H = self._equalize(i, stage, w, qw, stored, H, tiers, lossless)
+                target = w[key]
+                if x_fp is not None and grid(t).ternary:
+                    if C is None:
+                        C = self._cross_of(x, x_fp, qw, w, INPUT_OF[key])
+                    target = self._float_target(w[key], H, C)
+                res = quantize_layer(target, H, t, o.damp)
                 cos, rel = output_metrics(w[key], res.dequantize(), H)
                 reason = reasons.get(key)
                 if t == "q8_0" and reason is None and not pinned:
@@ -442,6 +569,46 @@ class Quantizer:
             if key not in LINEARS:
                 qw[key] = w[key]
         return rep, qw, stored
+
+    def _equalize(self, i, stage, w, qw, stored, H, tiers, lossless) -> np.ndarray:
+        """Channel scaling of one stage (equalize.py); updates w / qw / stored, returns H'."""
+        from .equalize import choose_scales, o_tie_groups, v_row_scales
+        from .ternary_fit import to_fp16
+
+        names = {k: f"model.layers.{i}.{HF_KEYS[k]}" for k in stage}
+        if any(not grid(tiers[k]).ternary if tiers[k] in QUANT_TIERS else True for k in stage) \
+                or any(names[k] in lossless or self.types[names[k]][1] for k in stage):
+            return H
+        cfg = self.cfg
+        producer = {"o": "v", "down": "up"}.get(stage[0])
+        if producer is not None and (producer not in stored
+                                     or not grid(stored[producer][0].tier).ternary):
+            return H
+        tie = o_tie_groups(cfg.n_head, cfg.n_head_kv, cfg.head_dim) if stage[0] == "o" else None
+        s, alpha, e0, e1 = choose_scales([w[k] for k in stage], H, tiers[stage[0]], tie)
+        if alpha == 0.0:
+            return H
+        for k in stage:
+            w[k] = (w[k] * s).astype(np.float32)
+        if producer is None:
+            norm = "attn_norm" if stage[0] == "q" else "ffn_norm"
+            w[norm] = (w[norm] / s).astype(np.float32)
+            qw[norm] = w[norm]
+        else:
+            d = (v_row_scales(s, cfg.n_head, cfg.n_head_kv, cfg.head_dim) if producer == "v"
+                 else s).astype(np.float64)
+            res = stored[producer][0]
+            res.scales = to_fp16(res.scales / d[:, None])
+            qw[producer] = res.dequantize()
+            w[producer] = (w[producer] / d[:, None]).astype(np.float32)
+            bias = producer + "_bias"
+            if bias in w:
+                w[bias] = (w[bias] / d).astype(np.float32)
+                qw[bias] = w[bias]
+        self.log(f"blk.{i} {'/'.join(stage):>9} channel scaling alpha {alpha:.2f}: plain-fit "
+                 f"error {e0:.4f} -> {e1:.4f}")
+        s64 = s.astype(np.float64)
+        return H / np.outer(s64, s64)
 
     @staticmethod
     def _plain_values(a: np.ndarray, t: str) -> np.ndarray:
@@ -489,7 +656,12 @@ class Quantizer:
 
 
 def quantize_model(opts: QuantizeOptions, log=_stderr, loader_cls=BlockLoader) -> dict:
-    return Quantizer(opts, log, loader_cls).run()
+    q = Quantizer(opts, log, loader_cls)
+    try:
+        return q.run()
+    finally:
+        if hasattr(q.ckpt, "close"):
+            q.ckpt.close()
 
 
 __all__ = ["QuantizeOptions", "BlockLoader", "Quantizer", "quantize_model"]

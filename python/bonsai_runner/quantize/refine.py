@@ -112,11 +112,17 @@ def _loss(x, qw, cfg, target, denom, batch) -> float:
 
 
 def refine_block(x: np.ndarray, w_fp: dict, qw: dict, stored: dict, cfg, steps: int, lr: float,
-                 batch: int, seed: int, log=None) -> dict:
-    """Refines the scales of `stored` (key -> (LayerResult, info)) in place; updates qw."""
+                 batch: int, seed: int, log=None, target: np.ndarray | None = None) -> dict:
+    """Refines the scales of `stored` (key -> (LayerResult, info)) in place; updates qw.
+
+    target: the output to approach (default: the float block on the same inputs x); the
+    pipeline passes the float model's own hidden states after this block, so the scales also
+    correct the error accumulated in the blocks before."""
     from .ternary_fit import to_fp16
 
-    target = forward_batched(x, w_fp, cfg, batch).astype(np.float64)
+    if target is None:
+        target = forward_batched(x, w_fp, cfg, batch)
+    target = target.astype(np.float64)
     denom = float(((target - x) ** 2).sum()) or 1.0
     before = _loss(x, qw, cfg, target, denom, batch)
     P = _Params(stored)
