@@ -7,7 +7,9 @@
 # on the GPU), and write a summary and the logs under $OUT (or build/gpu_check when OUT is unset).
 #
 # Budget: about 8 minutes on an H200 machine with 16 cores (build ~2-3 min, tests ~2 min,
-# benchmark ~1-2 min); every stage has its own timeout so the summary is always written.
+# benchmark ~1-2 min). The whole script stays inside GPU_CHECK_BUDGET seconds (default 470, so that
+# it fits a 10-minute device command with room for the machine's start): every stage's timeout is
+# the smaller of its own cap and what is left of the budget, so the summary is always written.
 #
 # Works offline: it builds with --no-build-isolation tools already installed (scikit-build-core,
 # pybind11, cmake, ninja, numpy and pytest are on the lent H200 image). The CUDA tests need only
@@ -22,24 +24,36 @@ summary="$out/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+budget=${GPU_CHECK_BUDGET:-470}
+# limit CAP RESERVE: seconds for the next stage, at most CAP, leaving RESERVE for the stages after it
+limit() {
+  local left=$(( budget - ($(date +%s) - t0) - $2 ))
+  [ "$left" -gt "$1" ] && left=$1
+  [ "$left" -lt 1 ] && left=1
+  echo "$left"
+}
+export PYTHONUNBUFFERED=1
 
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# $OUT brings back at most 8 files: summary.txt, build.log, ctest.log, three pytest logs,
+# bench_gpu.json and bench_gpu.log; everything else goes to the summary or to a scratch folder
+tmp=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
-  >"$out/gpu.txt" 2>&1
-note "gpu: $(cat "$out/gpu.txt")"
+  >"$tmp/gpu.txt" 2>&1
+note "gpu: $(cat "$tmp/gpu.txt")"
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
 arch=${arch:-90}
 note "building for sm_$arch"
 
 jobs=$(nproc)
-if timeout 360 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBONSAI_CUDA=ON \
+if timeout "$(limit 120 300)" cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DBONSAI_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DBONSAI_BUILD_TESTS=ON -DBONSAI_BUILD_PYTHON=ON \
      -DPython_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
-     >"$out/build.log" 2>&1 && timeout 360 cmake --build build/gpu -j "$jobs" >>"$out/build.log" 2>&1; then
+     >"$out/build.log" 2>&1 && timeout "$(limit 330 150)" cmake --build build/gpu -j "$jobs" >>"$out/build.log" 2>&1; then
   note "build: ok ($(elapsed); $(grep -c 'warning' "$out/build.log") warning lines)"
 else
   note "build: FAILED after $(elapsed) (see build.log)"
@@ -49,7 +63,7 @@ fi
 cp build/gpu/_core*.so python/bonsai_runner/
 
 status=0
-if timeout 60 ctest --test-dir build/gpu --output-on-failure >"$out/ctest.log" 2>&1; then
+if timeout "$(limit 60 140)" ctest --test-dir build/gpu --output-on-failure >"$out/ctest.log" 2>&1; then
   note "ctest: ok ($(grep -c 'Test #' "$out/ctest.log") tests, $(elapsed))"
 else
   note "ctest: FAILED"; status=1
@@ -65,8 +79,9 @@ tail -1 "$summary"
 
 # one pytest process per file, op-level parity first: a kernel fault poisons its CUDA context, so a
 # crash in one file cannot hide the results of the next
-for f in test_cuda_ops test_quants test_cuda_engine; do
-  timeout 240 python3 -m pytest -m cuda -v -rfE -p no:cacheprovider --durations=5 "tests/$f.py" \
+for f in test_cuda_ops test_cuda_engine test_quants; do
+  case $f in test_cuda_ops) cap=120 reserve=150 ;; test_cuda_engine) cap=240 reserve=75 ;; *) cap=60 reserve=60 ;; esac
+  timeout "$(limit $cap $reserve)" python3 -m pytest -m cuda -v -rfE -p no:cacheprovider --durations=5 "tests/$f.py" \
     >"$out/pytest_$f.log" 2>&1
   rc=$?
   note "pytest -m cuda tests/$f.py: $(tail -1 "$out/pytest_$f.log") (exit $rc, $(elapsed))"
@@ -76,10 +91,10 @@ for f in test_cuda_ops test_quants test_cuda_engine; do
   fi
 done
 
-if timeout 200 python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" >"$out/bench_gpu.txt" \
+if timeout "$(limit 200 0)" python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" >"$tmp/bench_gpu.txt" \
      2>"$out/bench_gpu.log"; then
   note "benchmark ($(elapsed)):"
-  tee -a "$summary" <"$out/bench_gpu.txt"
+  tee -a "$summary" "$out/bench_gpu.log" <"$tmp/bench_gpu.txt"
 else
   note "benchmark: FAILED or timed out after $(elapsed) (see bench_gpu.log)"
   tail -5 "$out/bench_gpu.log" | tee -a "$summary"
