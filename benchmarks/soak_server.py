@@ -260,6 +260,13 @@ def run_soak(args) -> int:
             stream_request(port, {"model": "m", "prompt": text, "max_tokens": 1 << 20, "ignore_eos": True,
                                   "stream": True}, stop_after=2)
             request(port, "POST", "/v1/completions", json.dumps({"prompt": "warm up", "max_tokens": 8}).encode())
+        # Then one concurrent burst of the soak's own mix (other seeds), so that batched decoding,
+        # the server's worker threads and the engine's per-thread scratch reach their working size
+        # before the baseline is read: growth after this point is what a leak would show.
+        with ThreadPoolExecutor(N_CLIENTS) as pool:
+            for f in [pool.submit(one_request, port, N_REQUESTS + i, use_chat, args.retries)
+                      for i in range(N_CLIENTS)]:
+                f.result(timeout=max(args.timeout - (time.monotonic() - t_start), 1))
         rss_before = rss_mib(server.proc.pid)
         poller = HealthPoller(port)
         poller.start()

@@ -30,6 +30,7 @@ import numpy as np
 
 from .errors import BonsaiError
 from .ggml_types import TypeInfo, type_info
+from .mapped_pages import release
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
@@ -339,6 +340,7 @@ class GGUFWriter:
                     buf = self._check_data(t, data)
                     f.write(buf)
                     f.write(bytes(_align(t.nbytes, self.alignment) - t.nbytes))
+                    release(data)  # a tensor read from a file mapping leaves the resident set
                     t.data = b""  # drop the reference so streamed tensors can be freed
             os.replace(tmp, self.path)
         except BaseException as e:

@@ -115,7 +115,7 @@ class GgufCheckpoint:
 
     def read_float32(self, name: str) -> np.ndarray:
         """One tensor, dequantized to float32 (q/k rows in Hugging Face order)."""
-        from .mapped_pages import release
+        from ..mapped_pages import release
 
         t = self._tensor(name)
         x = np.array(t.dequantize(), dtype=np.float32)

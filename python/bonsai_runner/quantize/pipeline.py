@@ -95,7 +95,7 @@ class BlockLoader:
 
     def read(self, name: str) -> np.ndarray:
         """The tensor as float32 (a new array); its mapped source pages are released."""
-        from .mapped_pages import release
+        from ..mapped_pages import release
 
         x = self.ckpt.read_float32(name)
         if hasattr(self.ckpt, "read_raw"):
@@ -231,13 +231,17 @@ class Quantizer:
     def _sample_rows(self, name: str, rows: int = 8) -> np.ndarray:
         """The first rows of a tensor as float32, read from the mapping (not the whole tensor)."""
         from ..convert.safetensors_file import bf16_bits_to_float32
+        from ..mapped_pages import release
 
         if hasattr(self.ckpt, "sample_rows"):
             return self.ckpt.sample_rows(name, rows)
-        raw = self.ckpt.read_raw(name)[:rows]
-        if self.ckpt.dtype(name) == "BF16":
-            return bf16_bits_to_float32(raw)
-        return np.asarray(raw, dtype=np.float32)
+        full = self.ckpt.read_raw(name)
+        raw = full[:rows]
+        out = bf16_bits_to_float32(raw) if self.ckpt.dtype(name) == "BF16" else np.array(raw, dtype=np.float32)
+        # The page faults also mapped the kernel's read-around beyond these rows: drop the
+        # tensor's pages, or the scan alone would keep ~100 KiB per tensor of every block resident.
+        release(full)
+        return out
 
     # ----- main loop -----
 

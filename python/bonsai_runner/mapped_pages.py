@@ -1,9 +1,10 @@
 """Dropping a memory-mapped tensor's pages from the process once it has been read.
 
-The quantizer reads the checkpoint through read-only file mappings (safetensors shards, GGUF
-files). Every page it touches stays in the process's resident set until the mapping is closed, so
-without help the resident set would grow by the whole checkpoint over a run, even though only one
-block's weights are in use at a time. After a tensor is converted to float32, `release(view)`
+The quantizer and the GGUF writer read tensors through read-only file mappings (safetensors
+shards, GGUF files). Every page they touch stays in the process's resident set until the mapping
+is closed, so without help the resident set would grow by the whole checkpoint over a run, even
+though only one block's weights (or one tensor) are in use at a time. After a tensor has been
+used (converted to float32, or written out), `release(view)`
 tells the kernel (madvise MADV_DONTNEED) that the pages under the view are not needed: for a
 read-only file mapping they leave the resident set (the data stays in the page cache and is read
 back on the next access, so this is always safe). Pages at the two ends may be shared with the
