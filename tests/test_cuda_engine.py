@@ -123,8 +123,12 @@ def test_tied_head_and_embedding_types(gguf_for, arch, emb):
 @cuda
 @pytest.mark.parametrize("arch,outtype", [("llama", "PTQ1_0"), ("qwen2", "Q8_0"), ("qwen3", "TQ1_0")])
 def test_offload_none_some_all_agree(gguf_for, arch, outtype):
+    # FLOAT activations: this test is about where layers run and how activations cross, and INT8
+    # rounding flips on these flat random fixtures would hide a plumbing error behind noise (the
+    # CPU alone differs that much between its two attention variants); the INT8 parity of whole
+    # models is test_whole_model_*'s job.
     path = gguf_for(arch, outtype)
-    ref = run_tokens(path, 0, TOKENS)
+    ref = run_tokens(path, 0, TOKENS, act_mode="float")
     for ngl in (1, 2, N_LAYER - 1, N_LAYER, -1, 99):
         with _core.Model(path, n_gpu_layers=ngl) as m:
             expect = N_LAYER if ngl < 0 or ngl > N_LAYER else ngl
@@ -134,7 +138,7 @@ def test_offload_none_some_all_agree(gguf_for, arch, outtype):
             gpu_lines = [ln for ln in table.splitlines() if ln.startswith("layer") and ": GPU" in ln]
             assert len(gpu_lines) == expect, table
             assert ("output: GPU" in table) == (expect == N_LAYER), table
-        compare(f"{arch} {outtype} n_gpu_layers={ngl}", ref, run_tokens(path, ngl, TOKENS))
+        compare(f"{arch} {outtype} n_gpu_layers={ngl}", ref, run_tokens(path, ngl, TOKENS, act_mode="float"))
 
 
 @cuda
