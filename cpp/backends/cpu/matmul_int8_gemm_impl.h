@@ -54,76 +54,16 @@ constexpr int kMaxTile = 6;             // tokens of a microkernel tile (2 x 2 x
 constexpr int64_t kChunkBytes = 24576;  // panel bytes unpacked at a time
 constexpr int64_t kChunksPerThread = 8;  // work chunks per thread (dynamic hand-out)
 
-#if BONSAI_GEMM_TRIT_LUT
-struct TritTables {
-    alignas(64) uint8_t t[5][256];  // t[n][b] = trit n of byte b (0, 1, 2)
-    TritTables() {
-        const int pow3[5] = {1, 3, 9, 27, 81};
-        for (int n = 0; n < 5; ++n)
-            for (int b = 0; b < 256; ++b) t[n][b] = static_cast<uint8_t>((static_cast<uint8_t>(b * pow3[n]) * 3) >> 8);
-    }
-};
-const TritTables kTrits;
+}  // namespace
+}  // namespace bonsai::cpu
 
-BONSAI_GEMM inline void trits5(__m512i src, __m512i* c) {
-    const __mmask64 top = _mm512_movepi8_mask(src);
-    for (int n = 0; n < 5; ++n) {
-        const __m512i* t = reinterpret_cast<const __m512i*>(kTrits.t[n]);
-        const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t), src, _mm512_load_si512(t + 1));
-        const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), src, _mm512_load_si512(t + 3));
-        c[n] = _mm512_mask_blend_epi8(top, lo, hi);
-    }
-}
-#else
-// Trit n of byte b is ((b * 3^n mod 256) * 3) >> 8, computed on the even and odd bytes with 16-bit
-// multiplies.
-BONSAI_GEMM inline void trits5(__m512i src, __m512i* c) {
-    const __m512i hi_mask = _mm512_set1_epi16(static_cast<short>(0xFF00));
-    const __m512i three = _mm512_set1_epi16(3);
-    const __m512i three_hi = _mm512_set1_epi16(3 << 8);
-    const __m512i odd = _mm512_and_si512(src, hi_mask);
-    constexpr short pow3[5] = {1, 3, 9, 27, 81};
-    for (int n = 0; n < 5; ++n) {
-        const __m512i pe = n == 0 ? _mm512_slli_epi16(src, 8)
-                                  : _mm512_mullo_epi16(src, _mm512_set1_epi16(static_cast<short>(pow3[n] << 8)));
-        const __m512i po = n == 0 ? odd : _mm512_mullo_epi16(odd, _mm512_set1_epi16(pow3[n]));
-        const __m512i te = _mm512_mulhi_epu16(pe, three);
-        const __m512i to = _mm512_mulhi_epu16(po, three_hi);
-        c[n] = _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);  // te | (to & hi_mask)
-    }
-}
-#endif
+#define BONSAI_UNPACK BONSAI_GEMM
+#define BONSAI_UNPACK_LUT BONSAI_GEMM_TRIT_LUT
+#include "unpack_avx512.h"
 
-BONSAI_GEMM inline void fields2(__m512i src, __m512i* c) {
-    const __m512i m3 = _mm512_set1_epi8(3);
-    c[0] = _mm512_and_si512(src, m3);
-    c[1] = _mm512_and_si512(_mm512_srli_epi16(src, 2), m3);
-    c[2] = _mm512_and_si512(_mm512_srli_epi16(src, 4), m3);
-    c[3] = _mm512_and_si512(_mm512_srli_epi16(src, 6), m3);
-}
+namespace bonsai::cpu {
+namespace {
 
-BONSAI_GEMM inline __m512i join256(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-// Four 16-byte pieces at p + 2 + i * stride (i < nin), zeros for the others.
-BONSAI_GEMM inline __m512i load4x16(const uint8_t* p, int stride, int nin) {
-    const __m128i z = _mm_setzero_si128();
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
-    const __m128i b = nin > 1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + stride)) : z;
-    const __m128i c = nin > 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 2 * stride)) : z;
-    const __m128i d = nin > 3 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 3 * stride)) : z;
-    return join256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1),
-                   _mm256_inserti128_si256(_mm256_castsi128_si256(c), d, 1));
-}
-
-// Two 32-byte pieces at p + 2 and p + 2 + stride (the second only if nin > 1).
-BONSAI_GEMM inline __m512i load2x32(const uint8_t* p, int stride, int nin) {
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-    const __m256i hi = nin > 1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + stride))
-                               : _mm256_setzero_si256();
-    return join256(lo, hi);
-}
 
 // Per type: G, C, block bytes, scale offset and off of int8_layout.h; kDSrc: offset of the scale in
 // block g's 64 / G source bytes when load() reads it (-1: it does not); live(q, v): quad (v, q) of a
@@ -170,7 +110,7 @@ struct GQ2g64 {
 struct GQ2g128 {
     static constexpr int G = 2, C = 4, kBytes = 34, kDOff = 0, kOff = 1, kDSrc = -1;
     static constexpr bool live(int, int) { return true; }
-    BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, kBytes, nin); }
+    BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
@@ -188,7 +128,7 @@ struct GQ4 {
 struct GQ8 {
     static constexpr int G = 2, C = 1, kBytes = 34, kDOff = 0, kOff = 128, kDSrc = -1;
     static constexpr bool live(int, int) { return true; }
-    BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, kBytes, nin); }
+    BONSAI_GEMM static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) {  // w + 128 as an unsigned byte
         c[0] = _mm512_xor_si512(src, _mm512_set1_epi8(static_cast<char>(0x80)));
     }

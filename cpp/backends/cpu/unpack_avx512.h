@@ -1,0 +1,137 @@
+// AVX-512 unpacking of packed weight codes into one code byte per weight, shared by the one-token
+// INT8 tiles (matmul_int8_avx512_impl.h) and the multi-token GEMM (matmul_int8_gemm_impl.h).
+// The including header defines BONSAI_UNPACK (the function attribute with its target) and
+// BONSAI_UNPACK_LUT (1: AVX-512 VBMI byte-table lookups; 0: 16-bit multiplies); each translation
+// unit includes it once, inside no namespace.
+//
+// Base-3 bytes hold five trits: trit n of byte b is ((b * 3^n mod 256) * 3) >> 8.
+//   trits5: all five trit vectors of 64 bytes at once. LUT: two vpermi2b lookups into the 256-byte
+//     table of trit n and a blend on the byte's top bit. Multiplies: a 16-bit multiply by 3^n << 8
+//     leaves (b * 3^n mod 256) of the even byte in the high byte (the odd byte is masked to the high
+//     byte and multiplied by 3^n), and vpmulhuw by 3 (or 3 << 8) takes the trit.
+//   trit_n: trit n alone, for tiles that unpack trit n of several rows before n + 1. LUT: trit 0 is
+//     (b > 85) + (b > 170); for n >= 1 a merge-masked lookup maps bytes >= 128 to a stand-in index
+//     below 128 with the same trit, then one lookup into lo[n] (no blend).
+// fields2: the four 2-bit fields of every byte (TQ2_0, Q2_0, PQ2_0). join256 / load4x16 / load2x32:
+// a unit's bytes gathered from the blocks of a row.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace bonsai::cpu {
+namespace {
+
+#if BONSAI_UNPACK_LUT
+struct TritTables {
+    alignas(64) uint8_t t[5][256];  // t[n][b] = trit n of byte b (0, 1, 2)
+    // For n >= 1: lo[n][i] = trit n of byte i < 128; hi[n][b - 128] = an index i < 128 with the
+    // same trit n as byte b >= 128 (each trit value occurs below 128 for n >= 1).
+    alignas(64) uint8_t lo[5][128];
+    alignas(64) uint8_t hi[5][128];
+    TritTables() {
+        const int pow3[5] = {1, 3, 9, 27, 81};
+        for (int n = 0; n < 5; ++n)
+            for (int b = 0; b < 256; ++b) t[n][b] = static_cast<uint8_t>((static_cast<uint8_t>(b * pow3[n]) * 3) >> 8);
+        for (int n = 1; n < 5; ++n) {
+            int first[3] = {-1, -1, -1};
+            for (int i = 0; i < 128; ++i) {
+                lo[n][i] = t[n][i];
+                if (first[t[n][i]] < 0) first[t[n][i]] = i;
+            }
+            for (int b = 128; b < 256; ++b) hi[n][b - 128] = static_cast<uint8_t>(first[t[n][b]]);
+        }
+    }
+};
+const TritTables kTrits;
+
+BONSAI_UNPACK inline void trits5(__m512i src, __m512i* c) {
+    const __mmask64 top = _mm512_movepi8_mask(src);
+    for (int n = 0; n < 5; ++n) {
+        const __m512i* t = reinterpret_cast<const __m512i*>(kTrits.t[n]);
+        const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t), src, _mm512_load_si512(t + 1));
+        const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), src, _mm512_load_si512(t + 3));
+        c[n] = _mm512_mask_blend_epi8(top, lo, hi);
+    }
+}
+#else
+BONSAI_UNPACK inline void trits5(__m512i src, __m512i* c) {
+    const __m512i hi_mask = _mm512_set1_epi16(static_cast<short>(0xFF00));
+    const __m512i three = _mm512_set1_epi16(3);
+    const __m512i three_hi = _mm512_set1_epi16(3 << 8);
+    const __m512i odd = _mm512_and_si512(src, hi_mask);
+    constexpr short pow3[5] = {1, 3, 9, 27, 81};
+    for (int n = 0; n < 5; ++n) {
+        const __m512i pe = n == 0 ? _mm512_slli_epi16(src, 8)
+                                  : _mm512_mullo_epi16(src, _mm512_set1_epi16(static_cast<short>(pow3[n] << 8)));
+        const __m512i po = n == 0 ? odd : _mm512_mullo_epi16(odd, _mm512_set1_epi16(pow3[n]));
+        const __m512i te = _mm512_mulhi_epu16(pe, three);
+        const __m512i to = _mm512_mulhi_epu16(po, three_hi);
+        c[n] = _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);  // te | (to & hi_mask)
+    }
+}
+#endif
+
+// Trit n of every byte of src, for the one-token tiles that unpack trit n of all their rows
+// before moving to n + 1 (only one trit's constants live at a time). top: the bytes' top bits.
+BONSAI_UNPACK inline __m512i trit_n(__m512i src, __mmask64 top, int n) {
+#if BONSAI_UNPACK_LUT
+    // Trit 0 is (b > 85) + (b > 170). For n >= 1 the bytes >= 128 are first looked up (merge-masked)
+    // in hi[n] to a stand-in index below 128; every byte then looks up lo[n]. No blend.
+    if (n == 0) {
+        const __m512i one = _mm512_set1_epi8(1);
+        const __m512i c = _mm512_maskz_mov_epi8(_mm512_cmpgt_epu8_mask(src, _mm512_set1_epi8(85)), one);
+        return _mm512_mask_add_epi8(c, _mm512_cmpgt_epu8_mask(src, _mm512_set1_epi8(static_cast<char>(170))), c, one);
+    }
+    const __m512i* hi = reinterpret_cast<const __m512i*>(kTrits.hi[n]);
+    const __m512i* lo = reinterpret_cast<const __m512i*>(kTrits.lo[n]);
+    const __m512i idx = _mm512_mask2_permutex2var_epi8(_mm512_load_si512(hi), src, top, _mm512_load_si512(hi + 1));
+    return _mm512_permutex2var_epi8(_mm512_load_si512(lo), idx, _mm512_load_si512(lo + 1));
+#else
+    (void)top;
+    constexpr short pow3[5] = {1, 3, 9, 27, 81};
+    const __m512i hi_mask = _mm512_set1_epi16(static_cast<short>(0xFF00));
+    const __m512i odd = _mm512_and_si512(src, hi_mask);
+    const __m512i pe = n == 0 ? _mm512_slli_epi16(src, 8)
+                              : _mm512_mullo_epi16(src, _mm512_set1_epi16(static_cast<short>(pow3[n] << 8)));
+    const __m512i po = n == 0 ? odd : _mm512_mullo_epi16(odd, _mm512_set1_epi16(pow3[n]));
+    const __m512i te = _mm512_mulhi_epu16(pe, _mm512_set1_epi16(3));
+    const __m512i to = _mm512_mulhi_epu16(po, _mm512_set1_epi16(3 << 8));
+    return _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);
+#endif
+}
+
+BONSAI_UNPACK inline void fields2(__m512i src, __m512i* c) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    c[0] = _mm512_and_si512(src, m3);
+    c[1] = _mm512_and_si512(_mm512_srli_epi16(src, 2), m3);
+    c[2] = _mm512_and_si512(_mm512_srli_epi16(src, 4), m3);
+    c[3] = _mm512_and_si512(_mm512_srli_epi16(src, 6), m3);
+}
+
+BONSAI_UNPACK inline __m512i join256(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Four 16-byte pieces at p + 2 + i * stride (i < nin), zeros for the others.
+BONSAI_UNPACK inline __m512i load4x16(const uint8_t* p, int stride, int nin) {
+    const __m128i z = _mm_setzero_si128();
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    const __m128i b = nin > 1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + stride)) : z;
+    const __m128i c = nin > 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 2 * stride)) : z;
+    const __m128i d = nin > 3 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 3 * stride)) : z;
+    return join256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1),
+                   _mm256_inserti128_si256(_mm256_castsi128_si256(c), d, 1));
+}
+
+// Two 32-byte pieces at p + off and p + off + stride (the second only if nin > 1).
+BONSAI_UNPACK inline __m512i load2x32(const uint8_t* p, int off, int stride, int nin) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off));
+    const __m256i hi = nin > 1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off + stride))
+                               : _mm256_setzero_si256();
+    return join256(lo, hi);
+}
+
+}  // namespace
+}  // namespace bonsai::cpu
