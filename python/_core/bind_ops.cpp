@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bind.h"
+#include "bind_arrays.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
 
@@ -20,10 +21,6 @@ namespace py = pybind11;
 namespace bonsai_py {
 
 namespace {
-
-using U8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
-using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 bonsai::ThreadPool& pool_for(int threads) {
     if (threads < 1) throw bonsai::Error("threads must be >= 1 (got " + std::to_string(threads) + ")");
@@ -35,17 +32,6 @@ bonsai::ThreadPool& pool_for(int threads) {
     return *p;
 }
 
-bonsai::WeightView weight_view(uint32_t type, const U8Array& w, int64_t cols) {
-    if (w.ndim() != 2) throw bonsai::Error("w must be a 2-D uint8 array (rows, row_bytes)");
-    return bonsai::WeightView{static_cast<bonsai::GgmlType>(type), w.data(), static_cast<int64_t>(w.shape(0)), cols,
-                              static_cast<size_t>(w.shape(1))};
-}
-
-bonsai::ActMode parse_mode(const std::string& mode) {
-    if (mode == "int8") return bonsai::ActMode::INT8;
-    if (mode == "float") return bonsai::ActMode::FLOAT;
-    throw bonsai::Error("mode must be 'int8' or 'float' (got '" + mode + "')");
-}
 
 }  // namespace
 
