@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bind.h"
+#include "bind_arrays.h"
 #include "bonsai/error.h"
 
 #ifdef BONSAI_CUDA
@@ -22,22 +23,6 @@ namespace bonsai_py {
 #ifdef BONSAI_CUDA
 namespace {
 
-using U8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
-using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
-
-bonsai::WeightView weight_view(uint32_t type, const U8Array& w, int64_t cols) {
-    if (w.ndim() != 2) throw bonsai::Error("w must be a 2-D uint8 array (rows, row_bytes)");
-    return bonsai::WeightView{static_cast<bonsai::GgmlType>(type), w.data(), static_cast<int64_t>(w.shape(0)), cols,
-                              static_cast<size_t>(w.shape(1))};
-}
-
-bonsai::ActMode parse_mode(const std::string& mode) {
-    if (mode == "int8") return bonsai::ActMode::INT8;
-    if (mode == "float") return bonsai::ActMode::FLOAT;
-    throw bonsai::Error("mode must be 'int8' or 'float' (got '" + mode + "')");
-}
 
 bonsai::GgmlType kv_type(const std::string& name) {
     if (name == "f16") return bonsai::TYPE_F16;
@@ -96,7 +81,9 @@ void bind_cuda(py::module_& m) {
         need_2d(x, "x");
         if (w.ndim() != 1 || w.shape(0) != x.shape(1)) throw bonsai::Error("w must be 1-D with x.shape[1] values");
         auto y = new_2d(x.shape(0), x.shape(1));
-        bonsai::cuda_rms_norm_host(x.data(), w.data(), x.shape(0), x.shape(1), eps, y.mutable_data());
+        float* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        bonsai::cuda_rms_norm_host(x.data(), w.data(), x.shape(0), x.shape(1), eps, yp);
         return y;
     }, py::arg("x"), py::arg("w"), py::arg("eps"));
     m.def("cuda_rope", [](const F32Array& x, const I32Array& pos, int64_t n_head, int64_t n_rot, bool neox, float theta,
@@ -113,8 +100,10 @@ void bind_cuda(py::module_& m) {
             ff.assign(f.data(), f.data() + f.shape(0));
         }
         auto y = new_2d(x.shape(0), x.shape(1));
-        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
-        bonsai::cuda_rope_host(y.mutable_data(), pos.data(), x.shape(0), n_head, head_dim, n_rot, neox, theta,
+        float* yp = y.mutable_data();
+        std::copy(x.data(), x.data() + x.size(), yp);
+        py::gil_scoped_release release;
+        bonsai::cuda_rope_host(yp, pos.data(), x.shape(0), n_head, head_dim, n_rot, neox, theta,
                                freq_scale, ff.empty() ? nullptr : ff.data());
         return y;
     }, py::arg("x"), py::arg("pos"), py::arg("n_head"), py::arg("n_rot"), py::arg("neox"), py::arg("theta"),
@@ -122,7 +111,9 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_swiglu", [](const F32Array& gate, const F32Array& up) {
         if (gate.size() != up.size()) throw bonsai::Error("gate and up differ in size");
         py::array_t<float> out(gate.size());
-        bonsai::cuda_swiglu_host(gate.data(), up.data(), gate.size(), out.mutable_data());
+        float* op = out.mutable_data();
+        py::gil_scoped_release release;
+        bonsai::cuda_swiglu_host(gate.data(), up.data(), gate.size(), op);
         return out;
     }, py::arg("gate"), py::arg("up"));
     m.def("cuda_store_kv", [](const F32Array& rows, const std::string& type) {
@@ -130,7 +121,9 @@ void bind_cuda(py::module_& m) {
         const bonsai::GgmlType t = kv_type(type);
         const size_t rb = bonsai::type_row_bytes(t, rows.shape(1));
         py::array_t<uint8_t> out({static_cast<py::ssize_t>(rows.shape(0)), static_cast<py::ssize_t>(rb)});
-        bonsai::cuda_store_kv_host(rows.data(), rows.shape(0), rows.shape(1), t, out.mutable_data());
+        uint8_t* op = out.mutable_data();
+        py::gil_scoped_release release;
+        bonsai::cuda_store_kv_host(rows.data(), rows.shape(0), rows.shape(1), t, op);
         return out;
     }, py::arg("rows"), py::arg("type"), "K/V rows converted by the device cache-store kernel (uint8 rows).");
     m.def("cuda_attention", [](const F32Array& q, const I32Array& pos, const U64Array& seq_mask, const F32Array& k,
@@ -148,9 +141,11 @@ void bind_cuda(py::module_& m) {
             cell_seq.size() != cells)
             throw bonsai::Error("cuda_attention: array lengths do not match");
         auto out = new_2d(n, q.shape(1));
+        const bonsai::GgmlType tk = kv_type(type_k), tv = kv_type(type_v);
+        float* op = out.mutable_data();
+        py::gil_scoped_release release;
         bonsai::cuda_attention_host(q.data(), n, pos.data(), seq_mask.data(), k.data(), v.data(), cells,
-                                    cell_pos.data(), cell_seq.data(), kv_type(type_k), kv_type(type_v), n_head,
-                                    n_head_kv, hd, scale, out.mutable_data());
+                                    cell_pos.data(), cell_seq.data(), tk, tv, n_head, n_head_kv, hd, scale, op);
         return out;
     }, py::arg("q"), py::arg("pos"), py::arg("seq_mask"), py::arg("k"), py::arg("v"), py::arg("cell_pos"),
        py::arg("cell_seq"), py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("n_head") = 1,
