@@ -25,6 +25,16 @@ namespace bonsai {
 
 namespace {
 
+#ifdef BONSAI_CUDA
+// The device figures of a context (planned or allocated) into its memory report.
+void add_gpu_memory(ContextMemory& m, const GpuContextMemory& g) {
+    m.gpu_kv_bytes = g.kv_bytes;
+    m.gpu_compute_bytes = g.compute_bytes;
+    m.gpu_logits_bytes = g.logits_bytes;
+    m.gpu_allocated_bytes = g.allocated_bytes;
+}
+#endif
+
 int resolve_threads(int n) {
     if (n > 0) return n;
     const unsigned hw = std::thread::hardware_concurrency();
@@ -103,11 +113,7 @@ ContextMemory Context::plan_memory(const Model& model, const ContextParams& para
     if (model.n_gpu_layers() > 0) {
         ContextParams p = params;
         p.n_batch = static_cast<int>(nb);
-        const GpuContextMemory g = gpu_context_plan(model, p);
-        m.gpu_kv_bytes = g.kv_bytes;
-        m.gpu_compute_bytes = g.compute_bytes;
-        m.gpu_logits_bytes = g.logits_bytes;
-        m.gpu_allocated_bytes = g.allocated_bytes;
+        add_gpu_memory(m, gpu_context_plan(model, p));
     }
 #endif
     return m;
@@ -312,11 +318,7 @@ ContextMemory Context::memory_report() const {
     m.logits_bytes = logits_.capacity() * sizeof(float);
 #ifdef BONSAI_CUDA
     if (gpu_) {
-        const GpuContextMemory g = gpu_context_memory(*gpu_);
-        m.gpu_kv_bytes = g.kv_bytes;
-        m.gpu_compute_bytes = g.compute_bytes;
-        m.gpu_logits_bytes = g.logits_bytes;
-        m.gpu_allocated_bytes = g.allocated_bytes;
+        add_gpu_memory(m, gpu_context_memory(*gpu_));
     }
 #endif
     return m;
