@@ -61,6 +61,18 @@ std::shared_ptr<const Model> load_model_for_run(const RunOptions& o) {
     return Model::load(o.model, mp);
 }
 
+ContextParams context_params_from(const RunOptions& o, int n_ctx, int n_seq_max) {
+    ContextParams cp;
+    cp.n_ctx = n_ctx;
+    cp.n_seq_max = n_seq_max;
+    cp.n_batch = o.batch_size;
+    cp.n_threads = o.threads;
+    cp.type_k = o.cache_type_k;
+    cp.type_v = o.cache_type_v;
+    cp.flash_attn = o.flash_attn;
+    return cp;
+}
+
 SamplingParams sampling_from(const RunOptions& o) {
     SamplingParams p;
     p.temp = o.temp;
@@ -261,14 +273,8 @@ int run_generate(const RunOptions& o) {
     Timing timing;
     const auto t_load = Clock::now();
     std::shared_ptr<const Model> model = load_model_for_run(o);
-    ContextParams cp;
-    cp.n_ctx = o.ctx_size > 0 ? o.ctx_size : static_cast<int>(model->hparams().n_ctx_train);
-    cp.n_batch = o.batch_size;
-    cp.n_threads = o.threads;
-    cp.type_k = o.cache_type_k;
-    cp.type_v = o.cache_type_v;
-    cp.flash_attn = o.flash_attn;
-    Context ctx(model, cp);
+    Context ctx(model, context_params_from(o, o.ctx_size > 0 ? o.ctx_size
+                                                           : static_cast<int>(model->hparams().n_ctx_train)));
     timing.load_ms = ms_since(t_load);
     print_load_report(*model, ctx, o);
     if (o.cache_prompt) std::fprintf(stderr, "note: --cache-prompt has no effect on a single prompt\n");

@@ -19,6 +19,9 @@ namespace bonsai {
 std::string read_prompt_file(const std::string& path);
 // The model of --model with the load-time options (mmap, --tokenizer); the engine runs on the CPU.
 std::shared_ptr<const Model> load_model_for_run(const RunOptions& o);
+// Context parameters of the options (batch size, threads, KV types, flash attention) for n_ctx
+// cells and n_seq_max sequences.
+ContextParams context_params_from(const RunOptions& o, int n_ctx, int n_seq_max = 1);
 // Sampling parameters of the options, validated (throws bonsai::Error on a bad value).
 SamplingParams sampling_from(const RunOptions& o);
 // Token ids that end a generation: EOS plus the end-of-turn control tokens the vocabulary has.

@@ -340,15 +340,7 @@ int run_generate_parallel(const RunOptions& o) {
                         std::to_string(slot_ctx) + " (--ctx-size is per slot); raise --ctx-size or shorten it");
         }
     }
-    ContextParams cp;
-    cp.n_ctx = static_cast<int>(slot_ctx * n_slots);
-    cp.n_seq_max = n_slots;
-    cp.n_batch = o.batch_size;
-    cp.n_threads = o.threads;
-    cp.type_k = o.cache_type_k;
-    cp.type_v = o.cache_type_v;
-    cp.flash_attn = o.flash_attn;
-    Context ctx(model, cp);
+    Context ctx(model, context_params_from(o, static_cast<int>(slot_ctx * n_slots), n_slots));
     const double load_ms = ms_between(t_load, Clock::now());
     print_load_report(*model, ctx, o);
 
