@@ -168,9 +168,10 @@ def _device(name: str) -> dict:
             "read_per_token_bytes": 0, "n_layers": 0}
 
 
-def _add_weight(dev: dict, t, nbytes: int | None = None) -> None:
+def _add_weight(dev: dict, t, nbytes: int | None = None, type_name: str | None = None) -> None:
     b = t.nbytes if nbytes is None else nbytes
-    dev["weights_by_type"][t.type_name] = dev["weights_by_type"].get(t.type_name, 0) + b
+    name = t.type_name if type_name is None else type_name
+    dev["weights_by_type"][name] = dev["weights_by_type"].get(name, 0) + b
     dev["weights_bytes"] += b
 
 
@@ -205,8 +206,10 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
         devs["GPU"] = gpu
     for t in d.tensors:
         dev = gpu if gpu is not None and _gpu_holds(t, n_gpu, all_on_gpu) else cpu
-        # 1-D tensors live on the GPU as float32 copies
-        _add_weight(dev, t, 4 * t.n_elements if dev is gpu and t.role == ROLE_VECTOR else None)
+        if dev is gpu and t.role == ROLE_VECTOR:      # 1-D tensors live on the GPU as F32 copies
+            _add_weight(gpu, t, 4 * t.n_elements, "F32")
+        else:
+            _add_weight(dev, t)
         dev["read_per_token_bytes"] += _read_bytes(t)
         if t.role == ROLE_VECTOR:                     # the engine's float32 copies at load (all)
             cpu["overhead_items"]["1-D tensors as float32"] = (
