@@ -105,9 +105,18 @@ BONSAI_UNPACK inline __m512i trit_n(__m512i src, __mmask64 top, int n) {
 BONSAI_UNPACK inline void fields2(__m512i src, __m512i* c) {
     const __m512i m3 = _mm512_set1_epi8(3);
     c[0] = _mm512_and_si512(src, m3);
+#if BONSAI_UNPACK_LUT
+    // GFNI: one affine bit-matrix transform per field; output bits 0 and 1 (matrix bytes 7 and 6)
+    // take input bits 2l and 2l + 1, the other output bits are zero.
+    for (int l = 1; l < 4; ++l) {
+        const long long m = static_cast<long long>((uint64_t{1} << (2 * l)) << 56 | (uint64_t{1} << (2 * l + 1)) << 48);
+        c[l] = _mm512_gf2p8affine_epi64_epi8(src, _mm512_set1_epi64(m), 0);
+    }
+#else
     c[1] = _mm512_and_si512(_mm512_srli_epi16(src, 2), m3);
     c[2] = _mm512_and_si512(_mm512_srli_epi16(src, 4), m3);
     c[3] = _mm512_and_si512(_mm512_srli_epi16(src, 6), m3);
+#endif
 }
 
 BONSAI_UNPACK inline __m512i join256(__m256i lo, __m256i hi) {
