@@ -220,16 +220,18 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
         __m512i src[4], s[4], raw[4];
         if constexpr (K::kTrits) {
             __mmask64 top[4];
+            __m512i key[4];
             for (int i = 0; i < 4; ++i) {
                 p[i] = rows[i] + u * unit_bytes;
                 _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
                 src[i] = K::load(p[i], nin, u + 1 < nu);
                 top[i] = _mm512_movepi8_mask(src[i]);
+                key[i] = trit_key(src[i], top[i]);
                 s[i] = _mm512_setzero_si512();
             }
             for (int n = 0; n < 5; ++n) {
                 const __m512i a = _mm512_load_si512(au + 64 * n);
-                for (int i = 0; i < 4; ++i) s[i] = _mm512_dpbusd_epi32(s[i], trit_n(src[i], top[i], n), a);
+                for (int i = 0; i < 4; ++i) s[i] = _mm512_dpbusd_epi32(s[i], trit_n(src[i], key[i], top[i], n), a);
             }
         } else {
             for (int i = 0; i < 4; ++i) {

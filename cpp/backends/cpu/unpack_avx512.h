@@ -5,13 +5,14 @@
 // unit includes it once, inside no namespace.
 //
 // Base-3 bytes hold five trits: trit n of byte b is ((b * 3^n mod 256) * 3) >> 8.
-//   trits5: all five trit vectors of 64 bytes at once. LUT: two vpermi2b lookups into the 256-byte
-//     table of trit n and a blend on the byte's top bit. Multiplies: a 16-bit multiply by 3^n << 8
-//     leaves (b * 3^n mod 256) of the even byte in the high byte (the odd byte is masked to the high
-//     byte and multiplied by 3^n), and vpmulhuw by 3 (or 3 << 8) takes the trit.
-//   trit_n: trit n alone, for tiles that unpack trit n of several rows before n + 1. LUT: trit 0 is
-//     (b > 85) + (b > 170); for n >= 1 a merge-masked lookup maps bytes >= 128 to a stand-in index
-//     below 128 with the same trit, then one lookup into lo[n] (no blend).
+//   trit_n: trit n of every byte, so tiles can unpack trit n of several rows before n + 1.
+//     LUT: trit 0 by two vpermi2b lookups into the halves of its 256-byte table and a blend on
+//     the byte's top bit; trits 1..4 by one lookup each of a shared key (trit_key: one merge-masked
+//     lookup maps every byte >= 128 to a stand-in below 128 with the same trits 1..4).
+//     Multiplies: a 16-bit multiply by 3^n << 8 leaves (b * 3^n mod 256) of the even byte in the
+//     high byte (the odd byte is masked to the high byte and multiplied by 3^n), and vpmulhuw by 3
+//     (or 3 << 8) takes the trit.
+//   trits5: all five trit vectors at once.
 // fields2: the four 2-bit fields of every byte (TQ2_0, Q2_0, PQ2_0). join256 / load4x16 / load4x18 /
 // load2x32: a unit's bytes gathered from the blocks of a row (scales4x18: the scales of load4x18).
 #pragma once
@@ -25,71 +26,60 @@ namespace {
 
 #if BONSAI_UNPACK_LUT
 struct TritTables {
-    alignas(64) uint8_t t[5][256];  // t[n][b] = trit n of byte b (0, 1, 2)
-    // For n >= 1: lo[n][i] = trit n of byte i < 128; hi[n][b - 128] = an index i < 128 with the
-    // same trit n as byte b >= 128 (each trit value occurs below 128 for n >= 1).
+    alignas(64) uint8_t t0[256];  // t0[b] = trit 0 of byte b (0, 1, 2)
+    // lo[n][i] = trit n of byte i < 128 (n >= 1). key[b - 128] = an index i < 128 whose trits 1..4
+    // all equal those of byte b >= 128. One exists for every byte (for the 243 codes of a base-3
+    // byte it is the code of b's value less its leading trit; the constructor searches all 256),
+    // so one lookup maps every byte to a stand-in below 128 for all of trits 1..4, and each of
+    // those then needs a single 128-entry lookup.
     alignas(64) uint8_t lo[5][128];
-    alignas(64) uint8_t hi[5][128];
+    alignas(64) uint8_t key[128];
+    static int trit(int b, int n) {
+        constexpr int pow3[5] = {1, 3, 9, 27, 81};
+        return (static_cast<uint8_t>(b * pow3[n]) * 3) >> 8;
+    }
+    static bool same_high_trits(int a, int b) {
+        for (int n = 1; n < 5; ++n)
+            if (trit(a, n) != trit(b, n)) return false;
+        return true;
+    }
     TritTables() {
-        const int pow3[5] = {1, 3, 9, 27, 81};
-        for (int n = 0; n < 5; ++n)
-            for (int b = 0; b < 256; ++b) t[n][b] = static_cast<uint8_t>((static_cast<uint8_t>(b * pow3[n]) * 3) >> 8);
-        for (int n = 1; n < 5; ++n) {
-            int first[3] = {-1, -1, -1};
-            for (int i = 0; i < 128; ++i) {
-                lo[n][i] = t[n][i];
-                if (first[t[n][i]] < 0) first[t[n][i]] = i;
-            }
-            for (int b = 128; b < 256; ++b) hi[n][b - 128] = static_cast<uint8_t>(first[t[n][b]]);
+        for (int b = 0; b < 256; ++b) t0[b] = static_cast<uint8_t>(trit(b, 0));
+        for (int n = 1; n < 5; ++n)
+            for (int i = 0; i < 128; ++i) lo[n][i] = static_cast<uint8_t>(trit(i, n));
+        for (int b = 128; b < 256; ++b) {
+            int i = 0;
+            while (!same_high_trits(i, b)) ++i;  // ends below 128 for every b (see above)
+            key[b - 128] = static_cast<uint8_t>(i);
         }
     }
 };
 const TritTables kTrits;
 
-BONSAI_UNPACK inline void trits5(__m512i src, __m512i* c) {
-    const __mmask64 top = _mm512_movepi8_mask(src);
-    for (int n = 0; n < 5; ++n) {
-        const __m512i* t = reinterpret_cast<const __m512i*>(kTrits.t[n]);
+// Every byte of src below 128 as itself, the others as their stand-in TritTables::key.
+// top: the bytes' top bits.
+BONSAI_UNPACK inline __m512i trit_key(__m512i src, __mmask64 top) {
+    const __m512i* k = reinterpret_cast<const __m512i*>(kTrits.key);
+    return _mm512_mask2_permutex2var_epi8(_mm512_load_si512(k), src, top, _mm512_load_si512(k + 1));
+}
+
+// Trit n of every byte of src; key = trit_key(src, top). Trit 0: lookups in both halves of t0
+// and a blend on the top bit; trits 1..4: one lookup of the key.
+BONSAI_UNPACK inline __m512i trit_n(__m512i src, __m512i key, __mmask64 top, int n) {
+    if (n == 0) {
+        const __m512i* t = reinterpret_cast<const __m512i*>(kTrits.t0);
         const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t), src, _mm512_load_si512(t + 1));
         const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), src, _mm512_load_si512(t + 3));
-        c[n] = _mm512_mask_blend_epi8(top, lo, hi);
+        return _mm512_mask_blend_epi8(top, lo, hi);
     }
-}
-#else
-BONSAI_UNPACK inline void trits5(__m512i src, __m512i* c) {
-    const __m512i hi_mask = _mm512_set1_epi16(static_cast<short>(0xFF00));
-    const __m512i three = _mm512_set1_epi16(3);
-    const __m512i three_hi = _mm512_set1_epi16(3 << 8);
-    const __m512i odd = _mm512_and_si512(src, hi_mask);
-    constexpr short pow3[5] = {1, 3, 9, 27, 81};
-    for (int n = 0; n < 5; ++n) {
-        const __m512i pe = n == 0 ? _mm512_slli_epi16(src, 8)
-                                  : _mm512_mullo_epi16(src, _mm512_set1_epi16(static_cast<short>(pow3[n] << 8)));
-        const __m512i po = n == 0 ? odd : _mm512_mullo_epi16(odd, _mm512_set1_epi16(pow3[n]));
-        const __m512i te = _mm512_mulhi_epu16(pe, three);
-        const __m512i to = _mm512_mulhi_epu16(po, three_hi);
-        c[n] = _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);  // te | (to & hi_mask)
-    }
-}
-#endif
-
-// Trit n of every byte of src, for the one-token tiles that unpack trit n of all their rows
-// before moving to n + 1 (only one trit's constants live at a time). top: the bytes' top bits.
-BONSAI_UNPACK inline __m512i trit_n(__m512i src, __mmask64 top, int n) {
-#if BONSAI_UNPACK_LUT
-    // Trit 0 is (b > 85) + (b > 170). For n >= 1 the bytes >= 128 are first looked up (merge-masked)
-    // in hi[n] to a stand-in index below 128; every byte then looks up lo[n]. No blend.
-    if (n == 0) {
-        const __m512i one = _mm512_set1_epi8(1);
-        const __m512i c = _mm512_maskz_mov_epi8(_mm512_cmpgt_epu8_mask(src, _mm512_set1_epi8(85)), one);
-        return _mm512_mask_add_epi8(c, _mm512_cmpgt_epu8_mask(src, _mm512_set1_epi8(static_cast<char>(170))), c, one);
-    }
-    const __m512i* hi = reinterpret_cast<const __m512i*>(kTrits.hi[n]);
     const __m512i* lo = reinterpret_cast<const __m512i*>(kTrits.lo[n]);
-    const __m512i idx = _mm512_mask2_permutex2var_epi8(_mm512_load_si512(hi), src, top, _mm512_load_si512(hi + 1));
-    return _mm512_permutex2var_epi8(_mm512_load_si512(lo), idx, _mm512_load_si512(lo + 1));
+    return _mm512_permutex2var_epi8(_mm512_load_si512(lo), key, _mm512_load_si512(lo + 1));
+}
 #else
-    (void)top;
+BONSAI_UNPACK inline __m512i trit_key(__m512i src, __mmask64) { return src; }
+
+// Trit n of every byte of src by 16-bit multiplies (key and top are not needed).
+BONSAI_UNPACK inline __m512i trit_n(__m512i src, __m512i, __mmask64, int n) {
     constexpr short pow3[5] = {1, 3, 9, 27, 81};
     const __m512i hi_mask = _mm512_set1_epi16(static_cast<short>(0xFF00));
     const __m512i odd = _mm512_and_si512(src, hi_mask);
@@ -98,8 +88,15 @@ BONSAI_UNPACK inline __m512i trit_n(__m512i src, __mmask64 top, int n) {
     const __m512i po = n == 0 ? odd : _mm512_mullo_epi16(odd, _mm512_set1_epi16(pow3[n]));
     const __m512i te = _mm512_mulhi_epu16(pe, _mm512_set1_epi16(3));
     const __m512i to = _mm512_mulhi_epu16(po, _mm512_set1_epi16(3 << 8));
-    return _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);
+    return _mm512_ternarylogic_epi32(te, to, hi_mask, 0xF8);  // te | (to & hi_mask)
+}
 #endif
+
+// All five trit vectors of src.
+BONSAI_UNPACK inline void trits5(__m512i src, __m512i* c) {
+    const __mmask64 top = _mm512_movepi8_mask(src);
+    const __m512i key = trit_key(src, top);
+    for (int n = 0; n < 5; ++n) c[n] = trit_n(src, key, top, n);
 }
 
 BONSAI_UNPACK inline void fields2(__m512i src, __m512i* c) {
