@@ -51,14 +51,11 @@ namespace bonsai::cpu {
 namespace {
 
 
-// Per type: load() reads a unit into a zmm, codes() unpacks it. kWide: the unit is read by load4x18
-// (4) or load2x34 (2) instead, which also return its first 64 bytes (raw). kDWord >= 0: the fp16
-// scale of the unit's block g is 16-bit word kDWord (g = 0) or kDWord2 (g = 1) of the loaded zmm
-// (where its codes meet zero activations) or, for kWide == 2, of raw.
+// Per type: load() reads a unit into a zmm, codes() unpacks it. kDWord >= 0: the fp16 scale of the
+// unit's block g is 16-bit word kDWord + 16 g of the loaded zmm (its codes meet zero activations).
 struct KPtq1 {
     static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 13;
-    static constexpr bool kSigned = false, kTrits = true;
-    static constexpr int kWide = 0, kDWord2 = 29;
+    static constexpr bool kSigned = false, kTrits = true, kWide = false;
     // more: another unit follows in the row, so plain 32-byte loads may run 4 bytes into it (those
     // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool more) {
@@ -74,8 +71,7 @@ struct KPtq1 {
 
 struct KTq1 {
     static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26;
-    static constexpr bool kSigned = false, kTrits = true;
-    static constexpr int kWide = 0, kDWord2 = 26;
+    static constexpr bool kSigned = false, kTrits = true, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
         if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
         return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
@@ -86,30 +82,28 @@ struct KTq1 {
 
 struct KTq2 {
     static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false;
-    static constexpr int kWide = 0, kDWord2 = -1;
+    static constexpr bool kSigned = false, kTrits = false, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
+// kWide: 18-byte blocks read by load4x18 (codes, and the raw vector holding the scales).
 struct KQ2g64 {
     static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false;
-    static constexpr int kWide = 4, kDWord2 = -1;
+    static constexpr bool kSigned = false, kTrits = false, kWide = true;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g128 {
-    static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = 0;
-    static constexpr bool kSigned = false, kTrits = false;
-    static constexpr int kWide = 2, kDWord2 = 17;
+    static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = -1;
+    static constexpr bool kSigned = false, kTrits = false, kWide = false;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ4 {
     static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false;
-    static constexpr int kWide = 4, kDWord2 = -1;
+    static constexpr bool kSigned = false, kTrits = false, kWide = true;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) {
         const __m512i m4 = _mm512_set1_epi8(15);
         c[0] = _mm512_and_si512(src, m4);
@@ -118,9 +112,9 @@ struct KQ4 {
 };
 
 struct KQ8 {
-    static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0, kDWord = 0;
-    static constexpr bool kSigned = true, kTrits = false;
-    static constexpr int kWide = 2, kDWord2 = 17;
+    static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0, kDWord = -1;
+    static constexpr bool kSigned = true, kTrits = false, kWide = false;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = src; }
 };
 
@@ -173,12 +167,11 @@ BONSAI_AVX512 inline __m128 block_fma(__m128 acc, __m128i isum, __m128i asum4, _
     return _mm_fmadd_ps(d4, _mm_cvtepi32_ps(isum), acc);
 }
 
-// Scales of the unit's blocks for the four rows: [block 0 rows 0..3, block 1 rows 0..3]; src: the
-// four rows' vectors that hold them (kDWord >= 0), p: the rows (otherwise).
+// Scales of the unit's blocks for the four rows: [block 0 rows 0..3, block 1 rows 0..3].
 template <class K>
 BONSAI_AVX512 inline __m256 unit_scales(const __m512i* src, const uint8_t* const* p, int nin) {
     if constexpr (K::kDWord >= 0) {
-        constexpr short w0 = K::kDWord, w1 = K::kDWord2;
+        constexpr short w0 = K::kDWord, w1 = K::G == 2 ? K::kDWord + 16 : K::kDWord;
         alignas(64) static constexpr int16_t kPick[32] = {w0, 32 + w0, w1, 32 + w1};
         alignas(64) static constexpr int16_t kOrder[32] = {0, 1, 32, 33, 2, 3, 34, 35};
         const __m512i pick = _mm512_load_si512(kPick);
@@ -244,8 +237,7 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
             for (int i = 0; i < 4; ++i) {
                 p[i] = rows[i] + u * unit_bytes;
                 _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
-                if constexpr (K::kWide == 4) src[i] = load4x18(p[i], nin, raw[i]);
-                else if constexpr (K::kWide == 2) src[i] = load2x34(p[i], nin, raw[i]);
+                if constexpr (K::kWide) src[i] = load4x18(p[i], nin, raw[i]);
                 else src[i] = K::load(p[i], nin, u + 1 < nu);
                 __m512i c[K::C];
                 K::codes(src[i], c);
@@ -254,12 +246,12 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
         }
         const __m512i red = reduce4(s);
         if constexpr (K::G <= 2) {
-            const __m256 d8 = unit_scales<K>(K::kWide == 2 ? raw : src, p, nin);
+            const __m256 d8 = unit_scales<K>(src, p, nin);
             const int64_t b = u * K::G;
             acc = block_fma<K>(acc, block_isum<K>(red, 0), _mm_set1_epi32(asum[b]), _mm256_castps256_ps128(d8));
             if (K::G == 2 && nin > 1)
                 acc = block_fma<K>(acc, block_isum<K>(red, 1), _mm_set1_epi32(asum[b + 1]), _mm256_extractf128_ps(d8, 1));
-        } else if constexpr (K::kWide == 4) {
+        } else if constexpr (K::kWide) {
             const __m512 d16 = scales4x18(raw);
             for (int g = 0; g < nin; ++g) {
                 const int64_t b = u * K::G + g;

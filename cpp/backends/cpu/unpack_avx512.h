@@ -14,8 +14,7 @@
 //     (or 3 << 8) takes the trit.
 //   trits5: all five trit vectors at once.
 // fields2: the four 2-bit fields of every byte (TQ2_0, Q2_0, PQ2_0). join256 / load4x16 / load4x18 /
-// load2x32 / load2x34: a unit's bytes gathered from the blocks of a row (scales4x18: the scales of
-// load4x18).
+// load2x32: a unit's bytes gathered from the blocks of a row (scales4x18: the scales of load4x18).
 #pragma once
 
 #include <immintrin.h>
@@ -160,25 +159,6 @@ BONSAI_UNPACK inline __m512 scales4x18(const __m512i* raw) {
     const __m512i a = _mm512_permutex2var_epi16(raw[0], pick, raw[1]);
     const __m512i b = _mm512_permutex2var_epi16(raw[2], pick, raw[3]);
     return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, _mm512_load_si512(kOrder), b)));
-}
-
-// The two 32-byte pieces at p + 2 and p + 36 of a unit of two 34-byte blocks (Q2_0_G128, PQ2_0,
-// Q8_0: fp16 d, then 32 code bytes) from one 64-byte load (returned in raw: it holds both d, words
-// 0 and 17) and one 4-byte load, gathered by a word permute. nin == 1: the second block is zeros
-// and is not touched in memory.
-BONSAI_UNPACK inline __m512i load2x34(const uint8_t* p, int nin, __m512i& raw) {
-    alignas(64) static constexpr int16_t kGather[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11,
-                                                        12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 23,
-                                                        24, 25, 26, 27, 28, 29, 30, 31, 32, 33};
-    __m512i tail;
-    if (nin == 2) {
-        raw = _mm512_loadu_si512(p);
-        tail = _mm512_castsi128_si512(_mm_loadu_si32(p + 64));
-    } else {
-        raw = _mm512_maskz_loadu_epi8((uint64_t{1} << 34) - 1, p);
-        tail = _mm512_setzero_si512();
-    }
-    return _mm512_permutex2var_epi16(raw, _mm512_load_si512(kGather), tail);
 }
 
 // Two 32-byte pieces at p + off and p + off + stride (the second only if nin > 1).
