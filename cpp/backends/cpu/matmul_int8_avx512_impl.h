@@ -198,6 +198,14 @@ BONSAI_AVX512 inline __m128 load_d4(const uint8_t* const* rows, int64_t off) {
     return _mm_cvtph_ps(h);
 }
 
+// Prefetches the unit at q: its first byte's line and, for units longer than a line, its last
+// byte's line too (one prefetch per unit would skip a line every 64 / (unit_bytes - 64) units).
+template <class K>
+BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
+    _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T0);
+    if constexpr (K::G * K::kBytes > 64) _mm_prefetch(reinterpret_cast<const char*>(q + K::G * K::kBytes - 1), _MM_HINT_T0);
+}
+
 // 4 rows x 1 token.
 template <class K>
 BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, const int32_t* asum, int64_t nb,
@@ -215,7 +223,7 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
             __m512i key[4];
             for (int i = 0; i < 4; ++i) {
                 p[i] = rows[i] + u * unit_bytes;
-                _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
+                prefetch_unit<K>(p[i] + prefetch_stride);
                 src[i] = K::load(p[i], nin, u + 1 < nu);
                 top[i] = _mm512_movepi8_mask(src[i]);
                 key[i] = trit_key(src[i], top[i]);
@@ -228,7 +236,7 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
         } else {
             for (int i = 0; i < 4; ++i) {
                 p[i] = rows[i] + u * unit_bytes;
-                _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
+                prefetch_unit<K>(p[i] + prefetch_stride);
                 src[i] = K::load(p[i], nin, u + 1 < nu);
                 __m512i c[K::C];
                 K::codes(src[i], c);
