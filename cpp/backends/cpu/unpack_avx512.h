@@ -13,8 +13,8 @@
 //     high byte (the odd byte is masked to the high byte and multiplied by 3^n), and vpmulhuw by 3
 //     (or 3 << 8) takes the trit.
 //   trits5: all five trit vectors at once.
-// fields2: the four 2-bit fields of every byte (TQ2_0, Q2_0, PQ2_0). join256 / load4x16 / load2x32:
-// a unit's bytes gathered from the blocks of a row.
+// fields2: the four 2-bit fields of every byte (TQ2_0, Q2_0, PQ2_0). join256 / load4x16 / load4x18 /
+// load2x32: a unit's bytes gathered from the blocks of a row (scales4x18: the scales of load4x18).
 #pragma once
 
 #include <immintrin.h>
@@ -129,6 +129,36 @@ BONSAI_UNPACK inline __m512i load4x16(const uint8_t* p, int stride, int nin) {
     const __m128i d = nin > 3 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 3 * stride)) : z;
     return join256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1),
                    _mm256_inserti128_si256(_mm256_castsi128_si256(c), d, 1));
+}
+
+// The same four 16-byte pieces for 18-byte blocks (Q2_0, Q4_0: fp16 d, then 16 code bytes), from
+// one 64-byte load of the unit's start (returned in raw: it holds the four d, words 0, 9, 18, 27)
+// and one 8-byte load of its end, gathered by a word permute (every piece starts at an even byte).
+// Blocks past nin (a row's last, partial unit) read as zeros and are not touched in memory.
+BONSAI_UNPACK inline __m512i load4x18(const uint8_t* p, int nin, __m512i& raw) {
+    alignas(64) static constexpr int16_t kGather[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12,
+                                                        13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24,
+                                                        25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
+    __m512i tail;
+    if (nin == 4) {
+        raw = _mm512_loadu_si512(p);
+        tail = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
+    } else {
+        raw = _mm512_maskz_loadu_epi8((uint64_t{1} << (18 * nin)) - 1, p);
+        tail = _mm512_setzero_si512();
+    }
+    return _mm512_permutex2var_epi16(raw, _mm512_load_si512(kGather), tail);
+}
+
+// The 16 fp16 scales of load4x18's raw vectors of four rows as f32, block-major: lanes 4g + i =
+// block g of row i.
+BONSAI_UNPACK inline __m512 scales4x18(const __m512i* raw) {
+    alignas(64) static constexpr int16_t kPick[32] = {0, 32, 9, 41, 18, 50, 27, 59};  // r0/r1 (r2/r3) of b0..b3
+    alignas(64) static constexpr int16_t kOrder[32] = {0, 1, 32, 33, 2, 3, 34, 35, 4, 5, 36, 37, 6, 7, 38, 39};
+    const __m512i pick = _mm512_load_si512(kPick);
+    const __m512i a = _mm512_permutex2var_epi16(raw[0], pick, raw[1]);
+    const __m512i b = _mm512_permutex2var_epi16(raw[2], pick, raw[3]);
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, _mm512_load_si512(kOrder), b)));
 }
 
 // Two 32-byte pieces at p + off and p + off + stride (the second only if nin > 1).
