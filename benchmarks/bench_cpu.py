@@ -24,7 +24,7 @@ What it does (a script, not a test; it prints ratios and asserts nothing):
    ratios: our PTQ1_0 decode / llama.cpp TQ2_0 decode (floor 0.7), and ours / llama.cpp per type
    for prompt processing and generation. --json writes all numbers.
 
-    PYTHONPATH=python python3 benchmarks/bench_cpu.py [--threads 2] [-p 512] [-n 128] [-r 3]
+    PYTHONPATH=python python3 benchmarks/bench_cpu.py [--threads 2] [-p 512] [-n 128] [-r 3] [--no-mmap]
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ def read_bandwidth(threads: int, nbytes: int = PROBE_BYTES, tries: int = 5) -> f
 class BonsaiRunner:
     backend = "bonsai CPU"
 
-    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int):
-        self.model = _core.Model(str(path))
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int, use_mmap: bool = True):
+        self.model = _core.Model(str(path), use_mmap=use_mmap)
         self.ctx = _core.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads)
         self.n_batch = n_batch
         self.backend = f"bonsai CPU ({_core.cpu_path()})"
@@ -150,12 +150,12 @@ class BonsaiRunner:
 class LlamaCppRunner:
     backend = "llama.cpp CPU"
 
-    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int):
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int, use_mmap: bool = True):
         import llama_cpp
 
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch,
                                    n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads,
-                                   logits_all=False, verbose=False)
+                                   use_mmap=use_mmap, logits_all=False, verbose=False)
 
     def reset(self) -> None:
         self.llm.reset()  # the next eval removes the cached positions from 0 on
@@ -282,6 +282,9 @@ def parse_args(argv):
                    help="types also timed on llama.cpp (from: %s; default: %%(default)s; its "
                         "Q2_0 CPU path is slow, ~20x under TQ2_0)" % ", ".join(LLAMA_CPP_TYPES))
     p.add_argument("--no-llama-cpp", action="store_true", help="time only our engine")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="both engines read the weights into memory instead of mapping the files "
+                        "(ours: a buffer backed by transparent huge pages where the kernel allows)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': stdout)")
     args = p.parse_args(argv)
     args.types = [t.strip().lower() for t in args.types.split(",") if t.strip()]
@@ -300,7 +303,8 @@ def parse_args(argv):
 
 
 def make_runners(args, paths: dict, n_ctx: int) -> list[tuple[str, str, object]]:
-    runners = [("bonsai", t, BonsaiRunner(paths[t], args.threads, n_ctx, args.batch_size))
+    use_mmap = not args.no_mmap
+    runners = [("bonsai", t, BonsaiRunner(paths[t], args.threads, n_ctx, args.batch_size, use_mmap))
                for t in args.types]
     if args.no_llama_cpp:
         log("llama.cpp rows skipped (--no-llama-cpp)")
@@ -314,7 +318,8 @@ def make_runners(args, paths: dict, n_ctx: int) -> list[tuple[str, str, object]]
         if t in args.llama_cpp_types:
             try:
                 runners.append(("llama.cpp", t,
-                                LlamaCppRunner(paths[t], args.threads, n_ctx, args.batch_size)))
+                                LlamaCppRunner(paths[t], args.threads, n_ctx, args.batch_size,
+                                               use_mmap)))
             except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError variants
                 log(f"NOTICE: llama.cpp could not load {paths[t].name} ({e}); row skipped")
     return runners
@@ -324,7 +329,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     load = os.getloadavg()
     log(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
-        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}")
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}; weights "
+        f"{'read into memory (--no-mmap)' if args.no_mmap else 'memory-mapped'}")
     paths = build_model(args.work_dir.expanduser(), args.types)
     facts = {t: file_facts(paths[t]) for t in args.types}
 
@@ -393,7 +399,7 @@ def main(argv=None) -> int:
         print("  " + line)
 
     if args.json:
-        doc = {"model": MODEL, "threads": args.threads, "n_prompt": args.n_prompt,
+        doc = {"model": MODEL, "threads": args.threads, "no_mmap": args.no_mmap, "n_prompt": args.n_prompt,
                "n_gen": args.n_gen, "reps": args.reps, "batch_size": args.batch_size,
                "cpu_path": _core.cpu_path(), "load_average": {"start": load, "end": load_end},
                "bandwidth_probe": {"method": "_core.measure_read_bandwidth over 1 GiB, --threads threads, best of 5",

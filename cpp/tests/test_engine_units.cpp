@@ -219,7 +219,7 @@ static void test_blocks() {
 
 // Every CPU path against the scalar attention: two interleaved sequences over a few hundred cells
 // (more than one flash block), f16 / q8_0 K and V, head sizes with and without a partial 16-lane
-// chunk, n_rep 1 and 4, one and several query tokens, both variants.
+// chunk or over 128 dimensions, n_rep 1 to 12, one and several query tokens, both variants.
 static void test_attention_paths() {
     struct Shape {
         int64_t head_dim, n_head, n_head_kv;
@@ -227,7 +227,7 @@ static void test_attention_paths() {
     };
     const Shape shapes[] = {{64, 8, 2, TYPE_F16, TYPE_F16},   {40, 4, 4, TYPE_F16, TYPE_F16},
                             {64, 8, 2, TYPE_Q8_0, TYPE_Q8_0}, {32, 12, 1, TYPE_F16, TYPE_Q8_0},
-                            {96, 4, 2, TYPE_Q8_0, TYPE_F16}};
+                            {96, 4, 2, TYPE_Q8_0, TYPE_F16},  {160, 6, 2, TYPE_F16, TYPE_Q8_0}};
     std::mt19937 g(11);
     std::normal_distribution<float> nd;
     ThreadPool pool(2);
@@ -253,16 +253,17 @@ static void test_attention_paths() {
             }
         }
         const int64_t n_q = sh.n_head * sh.head_dim;
-        const int32_t qpos[3] = {next_pos[0] - 1, next_pos[1] - 1, 50};
-        const uint64_t qseq[3] = {1, 2, 1};
-        std::vector<float> q(3 * n_q);
+        // The last query token sees every cell (both sequences): the all-visible fast path.
+        const int32_t qpos[4] = {next_pos[0] - 1, next_pos[1] - 1, 50, 1000};
+        const uint64_t qseq[4] = {1, 2, 1, 3};
+        std::vector<float> q(4 * n_q);
         for (float& x : q) x = nd(g);
         const size_t per = attention_scratch_floats(p.n_cells, sh.n_head, sh.n_head_kv, sh.head_dim);
         std::vector<float> scratch(per * 2);
         for (bool flash : {false, true}) {
             AttentionArgs a;
             a.q = q.data();
-            a.n_tokens = 3;
+            a.n_tokens = 4;
             a.pos = qpos;
             a.seq_mask = qseq;
             a.kv = &kv;
@@ -272,7 +273,7 @@ static void test_attention_paths() {
             a.head_dim = sh.head_dim;
             a.scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
             a.flash = flash;
-            std::vector<float> ref(3 * n_q), out(3 * n_q);
+            std::vector<float> ref(4 * n_q), out(4 * n_q);
             set_cpu_path(CpuPath::SCALAR);
             a.out = ref.data();
             attention(a, scratch.data(), per, pool);

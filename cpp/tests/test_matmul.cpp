@@ -96,9 +96,10 @@ static std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t c
 }
 
 static void test_int8_paths() {
+    // Q2_0 / Q4_0 (four blocks per unit): row ends with 1, 2 and 3 blocks past the last full unit.
     const Case cases[] = {{TYPE_PTQ1_0, 384}, {TYPE_PTQ1_0, 2048}, {TYPE_TQ1_0, 512},  {TYPE_TQ2_0, 768},
-                          {TYPE_Q2_0, 320},   {TYPE_Q2_0_G128, 640}, {TYPE_PQ2_0, 384}, {TYPE_Q4_0, 96},
-                          {TYPE_Q8_0, 224}};
+                          {TYPE_Q2_0, 320},   {TYPE_Q2_0, 448},     {TYPE_Q2_0_G128, 640}, {TYPE_PQ2_0, 384},
+                          {TYPE_Q4_0, 96},    {TYPE_Q4_0, 192},     {TYPE_Q8_0, 224}};
     std::mt19937 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     ThreadPool pool1(1), pool2(2);

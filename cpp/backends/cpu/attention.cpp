@@ -12,12 +12,16 @@
 //     n_cells scores is needed.
 //
 // The AVX-512 path (taken when the active CPU path is avx512) reads the f16 / q8_0 cache rows
-// directly with vector conversions. Its score-buffer variant is one block over every visible cell
-// (pass 1: scores of all n_rep heads from each K row; softmax with a vector exp; pass 2: out +=
-// p V, 16 dimensions at a time with up to 8 heads' accumulators in registers, so each V chunk is
-// converted once per 8 heads). Its flash variant runs the same two passes over blocks of
-// kFlashBlock visible cells and rescales the accumulators between blocks (online softmax at block
-// granularity, so K and V of a block are read while they are in cache).
+// directly with vector conversions, in blocks of visible cells (all of them for the score-buffer
+// variant, kFlashBlock for flash; online softmax at block granularity, so K and V of a block are
+// read while they are in cache). Pass 1: each visible cell's K row is converted once (kept in
+// registers for heads up to 128 dimensions) and multiplied with every query head of the group; the
+// 16-lane partial products of 16 (cell, head) pairs are summed together by one transposed
+// reduction and scattered into the [head][cell] score rows (instead of one horizontal sum per
+// pair). The V rows of the block are prefetched here as well. Softmax with a vector exp. Pass 2:
+// out += p V, 16 dimensions at a time with up to 8 heads' accumulators in registers, so each V
+// chunk is converted once per 8 heads. When every cell of a block is visible (the usual decode
+// case) neither pass tests the cells' positions and sequences.
 //
 // Scratch per call (floats): 2 * head_dim (K and V rows) + n_rep * n_cells (scores)
 //   + n_rep * head_dim (accumulators) + 2 * n_rep (running maxima and normalisers).
@@ -127,6 +131,7 @@ void attention_group_scalar(const AttentionArgs& a, int64_t t, int64_t hkv, floa
 constexpr int64_t kFlashBlock = 64;  // visible cells per block of the flash variant
 constexpr int kHeadGroup = 8;        // heads whose pass-2 accumulators share one V chunk
 constexpr int64_t kPrefetchCells = 16; // cache rows prefetched this many cells ahead
+constexpr int kMaxRegChunks = 8;     // heads of up to 128 dimensions keep their K row in registers
 
 // Elements [e, e + 16) of a cache row slice as f32; m masks the tail of an f16 head (q8_0 heads
 // are whole blocks of 32, so their chunks are always full).
@@ -142,51 +147,145 @@ BONSAI_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, __mmask16 m) {
     }
 }
 
-// Prefetches every cache line that holds a byte of [row, row + n).
+// Prefetches every cache line that holds a byte of [row, row + n) (n > 0): the lines at 64-byte
+// steps from row, then the line of the last byte.
 BONSAI_AVX512 inline void prefetch_row(const uint8_t* row, size_t n) {
-    const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
-    for (uintptr_t l = first; l < reinterpret_cast<uintptr_t>(row) + n; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T0);
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row + n - 1), _MM_HINT_T0);
+}
+
+// Lane k of the result = the sum of the 16 lanes of p[k]: a transposed reduction (unpack/add
+// within 128-bit lanes twice, then 128-bit shuffles twice; 45 instructions for 16 sums).
+BONSAI_AVX512 inline __m512 reduce16(const __m512* p) {
+    __m512 t[8], u[4];
+    for (int k = 0; k < 8; ++k)
+        t[k] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * k], p[2 * k + 1]), _mm512_unpackhi_ps(p[2 * k], p[2 * k + 1]));
+    for (int k = 0; k < 4; ++k) {  // each 128-bit lane: its partial sums of p[4k], ..., p[4k + 3]
+        const __m512d a = _mm512_castps_pd(t[2 * k]), b = _mm512_castps_pd(t[2 * k + 1]);
+        u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+}
+
+// Where a kv head's cells live in one layer of the cache and which of them token t sees.
+struct CellRange {
+    const uint8_t* k0;  // this kv head's K slice of cell 0; cell c's is at k0 + c * k_stride
+    const uint8_t* v0;
+    size_t k_stride, v_stride;
+    size_t k_bytes, v_bytes;  // bytes of a slice
+    const uint64_t* cell_seq;
+    const int32_t* cell_pos;
+    uint64_t mask;
+    int32_t pos;
+    bool visible(int64_t c) const { return (cell_seq[c] & mask) && cell_pos[c] <= pos; }
+};
+
+// Pass 1 over [c0, c1): scores[r * block + j] = q_r . K[j-th visible cell] * scale for the n_rep
+// heads of the group. Each (cell, head) pair leaves a 16-lane vector of partial products; every 16
+// pairs are summed at once by reduce16 and scattered to their places. The V rows of the block are
+// prefetched here too (pass 2 reads them next). NV: 16-float chunks of a head (1..kMaxRegChunks,
+// the converted K row stays in registers) or 0 (any head size, the K row goes through kbuf).
+// ALL: every cell of the range is visible (the usual decode case), so no cell is tested.
+template <GgmlType TK, int NV, bool ALL>
+BONSAI_AVX512 void scores_block(const CellRange& cr, int64_t c0, int64_t c1, const float* q0, int64_t n_rep,
+                                   int64_t hd, float scale, int64_t block, float* kbuf, float* scores) {
+    const int64_t nv = NV > 0 ? NV : (hd + 15) / 16;
+    const __mmask16 tail = hd % 16 ? static_cast<__mmask16>((1u << (hd % 16)) - 1) : static_cast<__mmask16>(0xFFFF);
+    const __m512 sv = _mm512_set1_ps(scale);
+    __m512 part[16];
+    alignas(64) int32_t where[16];
+    int q = 0;
+    auto flush = [&](int count) {
+        for (int k = count; k < 16; ++k) part[k] = _mm512_setzero_ps();
+        const __mmask16 m = count == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+        _mm512_mask_i32scatter_ps(scores, m, _mm512_load_si512(where), _mm512_mul_ps(reduce16(part), sv), 4);
+    };
+    int64_t j = 0;
+    for (int64_t c = c0; c < c1; ++c) {
+        if (c + kPrefetchCells < c1) {
+            prefetch_row(cr.k0 + (c + kPrefetchCells) * cr.k_stride, cr.k_bytes);
+            prefetch_row(cr.v0 + (c + kPrefetchCells) * cr.v_stride, cr.v_bytes);
+        }
+        if (!ALL && !cr.visible(c)) continue;
+        const uint8_t* krow = cr.k0 + c * cr.k_stride;
+        __m512 k[NV > 0 ? NV : 1];
+        if constexpr (NV > 0) {
+            for (int i = 0; i < NV; ++i) k[i] = load16<TK>(krow, 16 * i, i + 1 < NV ? 0xFFFF : tail);
+        } else {
+            for (int64_t i = 0; i < nv; ++i)
+                _mm512_storeu_ps(kbuf + 16 * i, load16<TK>(krow, 16 * i, i + 1 < nv ? 0xFFFF : tail));
+        }
+        for (int64_t r = 0; r < n_rep; ++r) {
+            const float* qr = q0 + r * hd;
+            __m512 s = _mm512_setzero_ps();
+            for (int64_t i = 0; i < nv; ++i) {
+                const __m512 qv = _mm512_maskz_loadu_ps(i + 1 < nv ? 0xFFFF : tail, qr + 16 * i);
+                if constexpr (NV > 0) s = _mm512_fmadd_ps(k[i], qv, s);
+                else s = _mm512_fmadd_ps(_mm512_loadu_ps(kbuf + 16 * i), qv, s);
+            }
+            part[q] = s;
+            where[q] = static_cast<int32_t>(r * block + j);
+            if (++q == 16) {
+                flush(16);
+                q = 0;
+            }
+        }
+        ++j;
+    }
+    if (q > 0) flush(q);
 }
 
 // ar[h * hd + (0..16)] += sum over the visible cells of [c0, c1) of pr[h * block + j] * V[cell][16 i ..]
-// for NR heads, j counting the visible cells; the accumulators stay in registers. The sweep over
-// chunk 0 prefetches the V rows kPrefetchCells cells ahead.
-template <GgmlType TV, int NR>
-BONSAI_AVX512 void accumulate_pv(const KvCache& kv, int64_t layer, size_t v_off, size_t v_bytes, uint64_t mask,
-                                 int32_t pos, int64_t c0, int64_t c1, int64_t i, int64_t hd, __mmask16 mk,
+// for NR heads, j counting the visible cells; the accumulators stay in registers. ALL: as above.
+template <GgmlType TV, int NR, bool ALL>
+BONSAI_AVX512 void accumulate_pv(const CellRange& cr, int64_t c0, int64_t c1, int64_t i, int64_t hd, __mmask16 mk,
                                  const float* pr, int64_t block, float* ar) {
-    const int32_t* cell_pos = kv.cell_pos_data();
-    const uint64_t* cell_seq = kv.cell_seq_data();
     __m512 av[NR];
+#pragma GCC unroll 8
     for (int h = 0; h < NR; ++h) av[h] = _mm512_maskz_loadu_ps(mk, ar + h * hd);
-    int64_t j = 0;
-    for (int64_t cc = c0; cc < c1; ++cc) {
-        if (i == 0 && cc + kPrefetchCells < c1) prefetch_row(kv.v_row(layer, cc + kPrefetchCells) + v_off, v_bytes);
-        if (!(cell_seq[cc] & mask) || cell_pos[cc] > pos) continue;
-        const __m512 v = load16<TV>(kv.v_row(layer, cc) + v_off, 16 * i, mk);
-        for (int h = 0; h < NR; ++h) av[h] = _mm512_fmadd_ps(_mm512_set1_ps(pr[h * block + j]), v, av[h]);
-        ++j;
+    const uint8_t* vrow = cr.v0 + c0 * cr.v_stride;
+    const float* pj = pr;
+    for (int64_t cc = c0; cc < c1; ++cc, vrow += cr.v_stride) {
+        if (!ALL && !cr.visible(cc)) continue;
+        const __m512 v = load16<TV>(vrow, 16 * i, mk);
+#pragma GCC unroll 8
+        for (int h = 0; h < NR; ++h) av[h] = _mm512_fmadd_ps(_mm512_set1_ps(pj[h * block]), v, av[h]);
+        ++pj;
     }
+#pragma GCC unroll 8
     for (int h = 0; h < NR; ++h) _mm512_mask_storeu_ps(ar + h * hd, mk, av[h]);
 }
 
-template <GgmlType TK, GgmlType TV>
+template <GgmlType TV, bool ALL>
+BONSAI_AVX512 void accumulate_pv_heads(const CellRange& cr, int64_t c0, int64_t c1, int64_t i, int64_t hd,
+                                       __mmask16 mk, const float* pr, int64_t block, float* ar, int64_t nr) {
+    switch (nr) {
+        case 1: return accumulate_pv<TV, 1, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+        case 2: return accumulate_pv<TV, 2, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+        case 3: return accumulate_pv<TV, 3, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+        case 4: return accumulate_pv<TV, 4, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+        case 5: return accumulate_pv<TV, 5, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+        case 6: return accumulate_pv<TV, 6, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+        case 7: return accumulate_pv<TV, 7, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+        default: return accumulate_pv<TV, 8, ALL>(cr, c0, c1, i, hd, mk, pr, block, ar);
+    }
+}
+
+template <GgmlType TK, GgmlType TV, int NV>
 BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch) {
     const KvCache& kv = *a.kv;
     const int64_t hd = a.head_dim, n_rep = a.n_head / a.n_head_kv, n_cells = kv.n_cells();
     const KvCacheParams& kp = kv.params();
-    const size_t k_off = type_row_bytes(kp.type_k, hkv * hd);
-    const size_t v_off = type_row_bytes(kp.type_v, hkv * hd);
-    const int32_t* cell_pos = kv.cell_pos_data();
-    const uint64_t* cell_seq = kv.cell_seq_data();
+    const CellRange cr{kv.k_row(a.layer, 0) + type_row_bytes(kp.type_k, hkv * hd),
+                       kv.v_row(a.layer, 0) + type_row_bytes(kp.type_v, hkv * hd),
+                       kv.k_row_bytes(), kv.v_row_bytes(), type_row_bytes(kp.type_k, hd), type_row_bytes(kp.type_v, hd),
+                       kv.cell_seq_data(), kv.cell_pos_data(), a.seq_mask[t], a.pos[t]};
     const int64_t end = kv.used_end();
-    const uint64_t mask = a.seq_mask[t];
-    const int32_t p = a.pos[t];
     const int64_t nv = (hd + 15) / 16;
     const __mmask16 tail = hd % 16 ? static_cast<__mmask16>((1u << (hd % 16)) - 1) : static_cast<__mmask16>(0xFFFF);
     const int64_t block = a.flash ? std::min(kFlashBlock, n_cells) : n_cells;
-    const size_t k_bytes = type_row_bytes(kp.type_k, hd), v_bytes = type_row_bytes(kp.type_v, hd);
 
     float* kbuf = scratch;                 // one K row as f32 (hd floats, room for 2 hd)
     float* scores = kbuf + 2 * hd;         // [n_rep][block]
@@ -206,31 +305,15 @@ BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int
 
     int64_t c = 0;
     while (c < end) {
-        // Pass 1: scores of the next `block` visible cells.
+        // Pass 1: scores of the next `block` visible cells, which end before cell c1.
         const int64_t c0 = c;
-        int64_t n = 0;
-        for (; c < end && n < block; ++c) {
-            if (c + kPrefetchCells < end) prefetch_row(kv.k_row(a.layer, c + kPrefetchCells) + k_off, k_bytes);
-            if (!(cell_seq[c] & mask) || cell_pos[c] > p) continue;
-            const uint8_t* krow = kv.k_row(a.layer, c) + k_off;
-            for (int64_t i = 0; i < nv; ++i)
-                _mm512_storeu_ps(kbuf + 16 * i, load16<TK>(krow, 16 * i, i + 1 < nv ? 0xFFFF : tail));
-            for (int64_t r = 0; r < n_rep; ++r) {
-                const float* qr = q0 + r * hd;
-                __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-                int64_t i = 0;
-                for (; i + 2 <= nv; i += 2) {
-                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(kbuf + 16 * i),
-                                         _mm512_maskz_loadu_ps(i + 1 < nv ? 0xFFFF : tail, qr + 16 * i), s0);
-                    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(kbuf + 16 * i + 16),
-                                         _mm512_maskz_loadu_ps(i + 2 < nv ? 0xFFFF : tail, qr + 16 * i + 16), s1);
-                }
-                if (i < nv) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(kbuf + 16 * i), _mm512_maskz_loadu_ps(tail, qr + 16 * i), s0);
-                scores[r * block + n] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * a.scale;
-            }
-            ++n;
-        }
-        if (n == 0) break;
+        int64_t c1 = c0, n = 0;
+        for (; c1 < end && n < block; ++c1) n += cr.visible(c1);
+        c = c1;
+        if (n == 0) continue;
+        const bool all = n == c1 - c0;
+        if (all) scores_block<TK, NV, true>(cr, c0, c1, q0, n_rep, hd, a.scale, block, kbuf, scores);
+        else scores_block<TK, NV, false>(cr, c0, c1, q0, n_rep, hd, a.scale, block, kbuf, scores);
         // Softmax step: new maxima, rescale what was accumulated, p = exp(s - m), l += sum p.
         for (int64_t r = 0; r < n_rep; ++r) {
             float* sr = scores + r * block;
@@ -264,18 +347,11 @@ BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int
         for (int64_t i = 0; i < nv; ++i) {
             const __mmask16 mk = i + 1 < nv ? 0xFFFF : tail;
             for (int64_t r0 = 0; r0 < n_rep; r0 += kHeadGroup) {
+                const int64_t nr = std::min<int64_t>(kHeadGroup, n_rep - r0);
                 float* ar = acc + r0 * hd + 16 * i;
                 const float* pr = scores + r0 * block;
-                switch (std::min<int64_t>(kHeadGroup, n_rep - r0)) {
-                    case 1: accumulate_pv<TV, 1>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                    case 2: accumulate_pv<TV, 2>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                    case 3: accumulate_pv<TV, 3>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                    case 4: accumulate_pv<TV, 4>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                    case 5: accumulate_pv<TV, 5>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                    case 6: accumulate_pv<TV, 6>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                    case 7: accumulate_pv<TV, 7>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                    default: accumulate_pv<TV, 8>(kv, a.layer, v_off, v_bytes, mask, p, c0, c, i, hd, mk, pr, block, ar); break;
-                }
+                if (all) accumulate_pv_heads<TV, true>(cr, c0, c1, i, hd, mk, pr, block, ar, nr);
+                else accumulate_pv_heads<TV, false>(cr, c0, c1, i, hd, mk, pr, block, ar, nr);
             }
         }
     }
@@ -285,6 +361,21 @@ BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int
             const __mmask16 mk = i + 1 < nv ? 0xFFFF : tail;
             _mm512_mask_storeu_ps(out0 + r * hd + 16 * i, mk, _mm512_mul_ps(inv, _mm512_maskz_loadu_ps(mk, acc + r * hd + 16 * i)));
         }
+    }
+}
+
+template <GgmlType TK, GgmlType TV>
+BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch) {
+    switch ((a.head_dim + 15) / 16) {
+        case 1: return attention_group_avx512<TK, TV, 1>(a, t, hkv, scratch);
+        case 2: return attention_group_avx512<TK, TV, 2>(a, t, hkv, scratch);
+        case 3: return attention_group_avx512<TK, TV, 3>(a, t, hkv, scratch);
+        case 4: return attention_group_avx512<TK, TV, 4>(a, t, hkv, scratch);
+        case 5: return attention_group_avx512<TK, TV, 5>(a, t, hkv, scratch);
+        case 6: return attention_group_avx512<TK, TV, 6>(a, t, hkv, scratch);
+        case 7: return attention_group_avx512<TK, TV, 7>(a, t, hkv, scratch);
+        case kMaxRegChunks: return attention_group_avx512<TK, TV, kMaxRegChunks>(a, t, hkv, scratch);
+        default: return attention_group_avx512<TK, TV, 0>(a, t, hkv, scratch);
     }
 }
 

@@ -35,7 +35,8 @@ bool cpu_has_avx512() {
 
 bool cpu_has_avx512_vbmi() {
 #if defined(__x86_64__) || defined(__i386__)
-    static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi");
+    // The VBMI kernels also use GFNI (2-bit fields); every CPU with AVX-512 VBMI but Cannon Lake has it.
+    static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
     return ok;
 #else
     return false;

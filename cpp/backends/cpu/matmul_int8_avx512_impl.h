@@ -55,7 +55,7 @@ namespace {
 // unit's block g is 16-bit word kDWord + 16 g of the loaded zmm (its codes meet zero activations).
 struct KPtq1 {
     static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 13;
-    static constexpr bool kSigned = false, kTrits = true;
+    static constexpr bool kSigned = false, kTrits = true, kWide = false;
     // more: another unit follows in the row, so plain 32-byte loads may run 4 bytes into it (those
     // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool more) {
@@ -71,7 +71,7 @@ struct KPtq1 {
 
 struct KTq1 {
     static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26;
-    static constexpr bool kSigned = false, kTrits = true;
+    static constexpr bool kSigned = false, kTrits = true, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
         if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
         return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
@@ -82,29 +82,28 @@ struct KTq1 {
 
 struct KTq2 {
     static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false;
+    static constexpr bool kSigned = false, kTrits = false, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
+// kWide: 18-byte blocks read by load4x18 (codes, and the raw vector holding the scales).
 struct KQ2g64 {
     static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
+    static constexpr bool kSigned = false, kTrits = false, kWide = true;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g128 {
     static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false;
+    static constexpr bool kSigned = false, kTrits = false, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ4 {
     static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load4x16(p, kBytes, nin); }
+    static constexpr bool kSigned = false, kTrits = false, kWide = true;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) {
         const __m512i m4 = _mm512_set1_epi8(15);
         c[0] = _mm512_and_si512(src, m4);
@@ -114,7 +113,7 @@ struct KQ4 {
 
 struct KQ8 {
     static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = true, kTrits = false;
+    static constexpr bool kSigned = true, kTrits = false, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = src; }
 };
@@ -191,11 +190,28 @@ BONSAI_AVX512 inline __m256 unit_scales(const __m512i* src, const uint8_t* const
     }
 }
 
+BONSAI_AVX512 inline __m128 extract4(__m512 v, int g) {
+    switch (g) {
+        case 0: return _mm512_castps512_ps128(v);
+        case 1: return _mm512_extractf32x4_ps(v, 1);
+        case 2: return _mm512_extractf32x4_ps(v, 2);
+        default: return _mm512_extractf32x4_ps(v, 3);
+    }
+}
+
 BONSAI_AVX512 inline __m128 load_d4(const uint8_t* const* rows, int64_t off) {
     const __m128i h = _mm_setr_epi16(static_cast<short>(load_u16(rows[0] + off)), static_cast<short>(load_u16(rows[1] + off)),
                                      static_cast<short>(load_u16(rows[2] + off)), static_cast<short>(load_u16(rows[3] + off)),
                                      0, 0, 0, 0);
     return _mm_cvtph_ps(h);
+}
+
+// Prefetches the unit at q: its first byte's line and, for units longer than a line, its last
+// byte's line too (one prefetch per unit would skip a line every 64 / (unit_bytes - 64) units).
+template <class K>
+BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
+    _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T0);
+    if constexpr (K::G * K::kBytes > 64) _mm_prefetch(reinterpret_cast<const char*>(q + K::G * K::kBytes - 1), _MM_HINT_T0);
 }
 
 // 4 rows x 1 token.
@@ -209,25 +225,28 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
         const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
         const int8_t* au = act + u * K::C * 64;
         const uint8_t* p[4];
-        __m512i src[4], s[4];
+        __m512i src[4], s[4], raw[4];
         if constexpr (K::kTrits) {
             __mmask64 top[4];
+            __m512i key[4];
             for (int i = 0; i < 4; ++i) {
                 p[i] = rows[i] + u * unit_bytes;
-                _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
+                prefetch_unit<K>(p[i] + prefetch_stride);
                 src[i] = K::load(p[i], nin, u + 1 < nu);
                 top[i] = _mm512_movepi8_mask(src[i]);
+                key[i] = trit_key(src[i], top[i]);
                 s[i] = _mm512_setzero_si512();
             }
             for (int n = 0; n < 5; ++n) {
                 const __m512i a = _mm512_load_si512(au + 64 * n);
-                for (int i = 0; i < 4; ++i) s[i] = _mm512_dpbusd_epi32(s[i], trit_n(src[i], top[i], n), a);
+                for (int i = 0; i < 4; ++i) s[i] = _mm512_dpbusd_epi32(s[i], trit_n(src[i], key[i], top[i], n), a);
             }
         } else {
             for (int i = 0; i < 4; ++i) {
                 p[i] = rows[i] + u * unit_bytes;
-                _mm_prefetch(reinterpret_cast<const char*>(p[i] + prefetch_stride), _MM_HINT_T0);
-                src[i] = K::load(p[i], nin, u + 1 < nu);
+                prefetch_unit<K>(p[i] + prefetch_stride);
+                if constexpr (K::kWide) src[i] = load4x18(p[i], nin, raw[i]);
+                else src[i] = K::load(p[i], nin, u + 1 < nu);
                 __m512i c[K::C];
                 K::codes(src[i], c);
                 s[i] = dot_unit<K>(c, au);
@@ -240,6 +259,12 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
             acc = block_fma<K>(acc, block_isum<K>(red, 0), _mm_set1_epi32(asum[b]), _mm256_castps256_ps128(d8));
             if (K::G == 2 && nin > 1)
                 acc = block_fma<K>(acc, block_isum<K>(red, 1), _mm_set1_epi32(asum[b + 1]), _mm256_extractf128_ps(d8, 1));
+        } else if constexpr (K::kWide) {
+            const __m512 d16 = scales4x18(raw);
+            for (int g = 0; g < nin; ++g) {
+                const int64_t b = u * K::G + g;
+                acc = block_fma<K>(acc, block_isum<K>(red, g), _mm_set1_epi32(asum[b]), extract4(d16, g));
+            }
         } else {
             for (int g = 0; g < nin; ++g) {
                 const int64_t b = u * K::G + g;

@@ -1,6 +1,7 @@
 // A read-only view of a whole file: memory-mapped (the default; pages are loaded on first touch and
-// shared with the page cache) or read into one aligned heap buffer (`use_mmap = false`, the
-// `--no-mmap` mode, for file systems where mapping is slow or unavailable).
+// shared with the page cache) or read into one aligned buffer (`use_mmap = false`, the `--no-mmap`
+// mode, for file systems where mapping is slow or unavailable; on Linux that buffer asks for
+// transparent huge pages, see mapped_file.cpp).
 //
 // The object owns the mapping or buffer and releases it in its destructor; it is neither copyable
 // nor movable, so pointers into data() stay valid for its whole lifetime. Holders that must outlive
@@ -34,7 +35,8 @@ private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
-    bool mapped_ = false;  // true: munmap on release; false: data_ is an aligned heap buffer
+    bool mapped_ = false;  // true: munmap on release; false: data_ is a buffer the file was read into
+    size_t buffer_bytes_ = 0;  // > 0: that buffer is an anonymous mapping of this length (munmap)
 };
 
 }  // namespace bonsai
