@@ -122,6 +122,25 @@ def test_int8_paths_bit_identical_larger(name, n_tokens):
             assert np.array_equal(got, scalar), (path, threads)
 
 
+@pytest.mark.parametrize("cols", [64, 1077, 2048])
+def test_f16_one_token_rows_independent_of_split(cols):
+    # One token of F16 weights is dotted row by row (64-element steps, a masked tail): close to the
+    # float64 product, and every row's result is the same whatever rows and threads surround it.
+    rng = np.random.default_rng(cols)
+    rows = 45
+    w = random_weight("F16", rows, cols, rng)
+    x = (rng.standard_normal((1, cols)) * 3).astype(np.float32)
+    want, scale = reference("F16", w, cols, x, "float")
+    for path in PATHS:
+        one = _core.matmul(1, w, cols, x, mode="float", threads=1, path=path)
+        assert (np.abs(one - want) / (scale + 1e-30)).max() < 1e-5, path
+        for threads in (2, 3):
+            assert np.array_equal(_core.matmul(1, w, cols, x, mode="float", threads=threads, path=path), one)
+        for r0, r1 in ((0, 1), (3, 10), (44, 45)):
+            part = _core.matmul(1, np.ascontiguousarray(w[r0:r1]), cols, x, mode="float", path=path)
+            assert np.array_equal(part[0], one[0, r0:r1]), (path, r0, r1)
+
+
 def test_zero_activation_row_gives_zero():
     rng = np.random.default_rng(1)
     w = random_weight("PTQ1_0", 8, 256, rng)
