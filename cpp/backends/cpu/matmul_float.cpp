@@ -2,8 +2,8 @@
 //
 // F32 rows are used in place; F16 rows are converted on the fly (F16C) when there is one token
 // (row after row, so the weights stream sequentially from memory) and converted once into scratch
-// otherwise; BF16 and quantized rows are dequantized once per row into
-// scratch (block by block, block_unpack) and reused for every token. The dot products accumulate
+// otherwise; BF16 and quantized rows are dequantized once per row into scratch (block by block,
+// block_unpack) and reused for every token. The dot products accumulate
 // in f32 with several independent vector accumulators; results are close to, not bit-identical
 // with, the scalar path.
 // GCC 12 warns about the deliberately undefined pass-through operands inside its AVX-512 headers.
