@@ -13,6 +13,8 @@
 #include <memory>
 #include <string>
 
+#include "bonsai/huge_buffer.h"
+
 namespace bonsai {
 
 class MappedFile {
@@ -35,8 +37,8 @@ private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
-    bool mapped_ = false;  // true: munmap on release; false: data_ is a buffer the file was read into
-    size_t buffer_bytes_ = 0;  // > 0: that buffer is an anonymous mapping of this length (munmap)
+    bool mapped_ = false;  // true: munmap on release; false: data_ points into buffer_
+    HugeBuffer buffer_;    // the file read into memory (use_mmap = false)
 };
 
 }  // namespace bonsai
