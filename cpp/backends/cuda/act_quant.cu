@@ -53,7 +53,7 @@ void quantize_act(const float* x, int64_t n_tokens, int64_t cols, const ActScrat
     if (n_tokens > s.max_tokens || n_tokens * cols > s.max_elems)
         throw Error("CUDA quantize_act: " + std::to_string(n_tokens) + " x " + std::to_string(cols) +
                     " activations exceed the INT8 scratch (" + std::to_string(s.max_elems) + " elements)");
-    quantize_act_kernel<<<grid_for(n_tokens, "quantize_act"), kThreads>>>(x, cols, s.q, s.scale);
+    quantize_act_kernel<<<grid_for(n_tokens, "quantize_act"), kThreads, 0, stream()>>>(x, cols, s.q, s.scale);
     check_launch("quantize_act_kernel");
 }
 

@@ -109,8 +109,8 @@ void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, A
     if (n_tokens <= 0) return;
     const int64_t groups = (n_tokens + kTT - 1) / kTT;
     if (mode == ActMode::FLOAT || is_float_type(w.type)) {
-        matmul_float_kernel<<<grid_for(w.rows * groups, "matmul"), kMatThreads>>>(w.type, w.data, w.rows, w.cols,
-                                                                                   w.row_bytes, x, n_tokens, y);
+        matmul_float_kernel<<<grid_for(w.rows * groups, "matmul"), kMatThreads, 0, stream()>>>(
+            w.type, w.data, w.rows, w.cols, w.row_bytes, x, n_tokens, y);
         check_launch("matmul_float_kernel");
         return;
     }
@@ -123,7 +123,7 @@ void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, A
                     " blocks) exceed the kernel's shared-memory limit");
     quantize_act(x, n_tokens, w.cols, s);
     const int64_t tgroups = (n_tokens + tt - 1) / tt;
-    matmul_int8_kernel<<<grid_for(w.rows * tgroups, "matmul"), kMatThreads, smem>>>(
+    matmul_int8_kernel<<<grid_for(w.rows * tgroups, "matmul"), kMatThreads, smem, stream()>>>(
         w.type, w.data, w.rows, w.cols, w.row_bytes, s.q, s.scale, n_tokens, static_cast<int>(tt), y);
     check_launch("matmul_int8_kernel");
 }

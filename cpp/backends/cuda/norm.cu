@@ -28,7 +28,7 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* __restrict__ rows
 void rms_norm(const float* x, const int32_t* rows, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
     if (n <= 0 || n_rows < 0 || !x || !w || !y) throw Error("CUDA rms_norm: invalid arguments");
     if (n_rows == 0) return;
-    rms_norm_kernel<<<grid_for(n_rows, "rms_norm"), kThreads>>>(x, rows, w, n, eps, y);
+    rms_norm_kernel<<<grid_for(n_rows, "rms_norm"), kThreads, 0, stream()>>>(x, rows, w, n, eps, y);
     check_launch("rms_norm_kernel");
 }
 

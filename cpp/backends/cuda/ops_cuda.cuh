@@ -1,7 +1,8 @@
 // The CUDA twins of the engine's ops, on device pointers (one file per op, same basename as the
 // CPU backend: act_quant.cu, matmul.cu, norm.cu, rope.cu, activation.cu, attention.cu, get_rows.cu,
-// kv_cache.cu). Each entry validates its arguments, launches on the default stream and checks the
-// launch; results are ready for the next launch on that stream (copies back synchronize).
+// kv_cache.cu). Each entry validates its arguments, launches on cuda::stream() (cuda_common.cuh:
+// the default stream or the stream of a StreamScope) and checks the launch, without any
+// synchronizing call, so that a step can be captured into a CUDA graph.
 //
 // Activations are row-major float32 [n_tokens, n], as on the CPU.
 #pragma once
@@ -71,7 +72,8 @@ struct AttentionDev {
     const uint64_t* seq_mask = nullptr; // [n_tokens]
     const int32_t* cell_pos = nullptr;  // [n_used]
     const uint64_t* cell_seq = nullptr; // [n_used]
-    int64_t n_used = 0;
+    int64_t n_used = 0;                 // cells; with n_used_dev: the capacity the grid is sized for
+    const int32_t* n_used_dev = nullptr;  // optional device count of this step (<= n_used)
     const uint8_t* k = nullptr;         // this layer's K rows, k_row_bytes apart
     const uint8_t* v = nullptr;
     size_t k_row_bytes = 0, v_row_bytes = 0;
@@ -79,9 +81,25 @@ struct AttentionDev {
     int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
     float scale = 1.0f;
     float* out = nullptr;               // [n_tokens, n_head * head_dim]
+    float* partial = nullptr;           // flash only: split partials, partial_floats floats
+    int64_t partial_floats = 0;
 };
 constexpr int64_t kMaxHeadDim = 256;
+// The cells a kernel reads: min(*n_used_dev, n_used), or n_used.
+__device__ __forceinline__ int64_t used_cells(const AttentionDev& a) {
+    if (a.n_used_dev == nullptr) return a.n_used;
+    const int64_t n = *a.n_used_dev;
+    return n < a.n_used ? n : a.n_used;
+}
+// Throws unless the head shape and the cache types are supported (both kernels).
+void check_attention_shape(const AttentionDev& a);
 void attention(const AttentionDev& a);
+
+// flash_attention.cu: the same result with K/V tiles in shared memory shared by a GQA group and,
+// for few query tokens, the cells split across blocks (partials merged by a second kernel).
+// `partial` must hold flash_partial_floats(head_dim) floats (enough for every grid it picks).
+void flash_attention(const AttentionDev& a);
+int64_t flash_partial_floats(int64_t head_dim);
 
 // get_rows.cu: out[i*cols + k] = W[ids[i], k] dequantized (ids on the device, already checked).
 void get_rows(const DeviceMatrix& w, const int32_t* ids, int64_t n, float* out);
