@@ -4,7 +4,8 @@
 //
 // Work split: the query rows of one KV head hkv are its group rows gr = t * G + g (token t, query
 // head h = hkv * G + g, G = n_head / n_head_kv). One 128-thread block takes kFlashRows = 16
-// consecutive group rows (4 warps x 4 rows), one KV head, and one split of the cells: cells
+// consecutive group rows (4 warps x 4 rows, row r to warp r % 4, so that the 4..8 rows of a
+// single-token decode keep every warp busy), one KV head, and one split of the cells: cells
 // [split * cells_per_split, min(next split, n_used)). Blocks run over tiles of bc cells (32 for
 // head_dim <= 128, else 8):
 //   1. the block dequantizes the tile's K and V rows (F16 or Q8_0) once into shared memory,
@@ -106,7 +107,7 @@ __global__ void flash_attention_kernel(AttentionDev a, int bc, int64_t n_split, 
     float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxPerLane];
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int64_t gr = qt * kFlashRows + warp * kRowsPerWarp + rr;
+        const int64_t gr = qt * kFlashRows + rr * kWarps + warp;
         active[rr] = gr < n_group_rows;
         pos[rr] = active[rr] ? a.pos[gr / group] : 0;
         mask[rr] = active[rr] ? a.seq_mask[gr / group] : 0;
@@ -140,7 +141,7 @@ __global__ void flash_attention_kernel(AttentionDev a, int bc, int64_t n_split, 
 #pragma unroll
         for (int rr = 0; rr < kRowsPerWarp; ++rr) {
             if (!active[rr]) continue;  // uniform across the warp
-            const int r = warp * kRowsPerWarp + rr;
+            const int r = rr * kWarps + warp;
             float s = -INFINITY;
             if (have && (cseq & mask[rr]) && cpos <= pos[rr]) {
                 const float* qr = sq + r * hd;
@@ -165,7 +166,7 @@ __global__ void flash_attention_kernel(AttentionDev a, int bc, int64_t n_split, 
 #pragma unroll
         for (int rr = 0; rr < kRowsPerWarp; ++rr) {
             if (!active[rr] || m[rr] == -INFINITY) continue;
-            const float* pr = sp + (warp * kRowsPerWarp + rr) * bc;
+            const float* pr = sp + (rr * kWarps + warp) * bc;
             for (int j = 0; j < nc; ++j) {
                 const float pj = pr[j];
                 const float* vr = sv + j * hd;
@@ -182,7 +183,7 @@ __global__ void flash_attention_kernel(AttentionDev a, int bc, int64_t n_split, 
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         if (!active[rr]) continue;
-        const int64_t gr = qt * kFlashRows + warp * kRowsPerWarp + rr;
+        const int64_t gr = qt * kFlashRows + rr * kWarps + warp;
         const int64_t row = (gr / group) * a.n_head + hkv * group + gr % group;
         float* dst;
         float mul = 1.0f;
