@@ -6,7 +6,8 @@
 // positions / sequence masks / KV cells / output rows, the cache's cell positions and sequence
 // masks, the used-cell count) and the step enqueues: async copies of those into the device
 // pieces; every offloaded layer with the same steps and order as the CPU (arch_common.cpp, qwen2
-// biases after the projections, qwen3 q/k norms before the rotation; attention by
+// biases after the projections, qwen3 q/k norms before the rotation; with INT8 activations the
+// attention / FFN norm also quantizes its output once for q/k/v and for gate/up; attention by
 // flash_attention.cu when the context asked for flash attention, else attention.cu); and, when
 // the output head is on the GPU and the wanted rows fit in one pass (n_out <= logits_rows), the
 // output norm + head. Attention grids are sized for the n_ctx cells of the context and read this
@@ -20,6 +21,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "../../src/arch/arch.h"
 #include "bonsai/kv_cache.h"
@@ -47,6 +50,22 @@ void upload(T* dst, const T* src, int64_t n, const char* what) {
 void run_head(const Hparams& hp, const GpuModel& g, GpuContext& c, ActMode act, int64_t r0, int64_t cnt) {
     cuda::rms_norm(c.x, c.out_rows + r0, g.output_norm, cnt, hp.n_embd, hp.rms_eps, c.cur);
     cuda::matmul(g.head, c.cur, cnt, c.logits, act, c.act_scratch);
+}
+
+// cur = rms_norm(x) * norm, then y_i = W_i cur for each (W_i, y_i). When every W_i takes the INT8
+// path, the norm kernel quantizes cur once for all of them (bit-identical to quantizing per matrix).
+void normed_matmuls(GpuContext& c, ActMode act, const float* norm, float eps, int64_t n,
+                    std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> mats) {
+    const int64_t ne = mats.begin()->first->cols;  // n_embd: every matrix here reads the normalised x
+    bool int8 = true;
+    for (const auto& m : mats) int8 = int8 && cuda::int8_path(*m.first, act);
+    if (int8) {
+        cuda::rms_norm_quantize(c.x, norm, n, ne, eps, c.cur, c.act_scratch);
+        for (const auto& m : mats) cuda::matmul_quantized(*m.first, n, m.second, c.act_scratch);
+        return;
+    }
+    cuda::rms_norm(c.x, nullptr, norm, n, ne, eps, c.cur);
+    for (const auto& m : mats) cuda::matmul(*m.first, c.cur, n, m.second, act, c.act_scratch);
 }
 
 // Enqueues the uploads and the layers of one step of n tokens (and the head when head_rows > 0).
@@ -90,10 +109,7 @@ void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int6
 
     for (size_t il = 0; il < g.layers.size(); ++il) {
         const GpuLayer& L = g.layers[il];
-        cuda::rms_norm(c.x, nullptr, L.attn_norm, n, ne, hp.rms_eps, c.cur);
-        cuda::matmul(L.wq, c.cur, n, c.q, act, s);
-        cuda::matmul(L.wk, c.cur, n, c.kc, act, s);
-        cuda::matmul(L.wv, c.cur, n, c.vc, act, s);
+        normed_matmuls(c, act, L.attn_norm, hp.rms_eps, n, {{&L.wq, c.q}, {&L.wk, c.kc}, {&L.wv, c.vc}});
         if (L.bq) {
             cuda::add_bias(c.q, L.bq, n, nq);
             cuda::add_bias(c.kc, L.bk, n, nkv);
@@ -117,9 +133,7 @@ void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int6
             cuda::attention(a);
         cuda::matmul(L.wo, c.attn, n, c.cur, act, s);
         cuda::add_inplace(c.x, c.cur, n * ne);
-        cuda::rms_norm(c.x, nullptr, L.ffn_norm, n, ne, hp.rms_eps, c.cur);
-        cuda::matmul(L.w_gate, c.cur, n, c.gate, act, s);
-        cuda::matmul(L.w_up, c.cur, n, c.up, act, s);
+        normed_matmuls(c, act, L.ffn_norm, hp.rms_eps, n, {{&L.w_gate, c.gate}, {&L.w_up, c.up}});
         cuda::swiglu(c.gate, c.up, n * hp.n_ff, c.gate);
         cuda::matmul(L.w_down, c.gate, n, c.cur, act, s);
         cuda::add_inplace(c.x, c.cur, n * ne);

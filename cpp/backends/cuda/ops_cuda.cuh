@@ -35,17 +35,27 @@ struct ActScratch {
 // act_quant.cu: per-token absmax INT8 quantization, bit-identical to cpu::quantize_act_token's q
 // and scale (see cpp/backends/cpu/act_quant.h).
 void quantize_act(const float* x, int64_t n_tokens, int64_t cols, const ActScratch& s);
+// Throws unless n_tokens x cols activations fit the scratch.
+void check_act_scratch(int64_t n_tokens, int64_t cols, const ActScratch& s);
 
 // matmul.cu: y[t*rows + r] = sum_k W[r,k] x[t*cols + k]. INT8 mode for quantized weights: exact
 // int32 per block, fma over the blocks in order, times the token scale (the CPU's operation
 // order); FLOAT mode and F32/F16/BF16 weights: f32 dot products.
 void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, ActMode mode,
             const ActScratch& s);
+// True when matmul of w in this mode runs the INT8 path (quantized weights, INT8 mode).
+bool int8_path(const DeviceMatrix& w, ActMode mode);
+// The INT8 path over activations already quantized into s (by rms_norm_quantize): several
+// matrices reading one normalised input share one quantization.
+void matmul_quantized(const DeviceMatrix& w, int64_t n_tokens, float* y, const ActScratch& s);
 
 // norm.cu: y[r] = x[src(r)] / sqrt(mean(x[src(r)]^2) + eps) * w for n_rows rows of n, where
 // src(r) = rows[r] when `rows` is given (device int32), else r. y may alias x when rows is null.
 void rms_norm(const float* x, const int32_t* rows, const float* w, int64_t n_rows, int64_t n, float eps,
               float* y);
+// rms_norm (no row list, y != x) that also leaves y quantized in s, as quantize_act(y) would.
+void rms_norm_quantize(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y,
+                       const ActScratch& s);
 
 // rope.cu: rotates the first n_rot dims of each head of x [n_tokens, n_head * head_dim] in place
 // with the per-token table cos_sin [n_tokens, n_rot] (built on the host by rope_table).
