@@ -2,9 +2,10 @@
 # The one command a session with an NVIDIA GPU runs: build bonsai-runner with the CUDA backend for
 # the local GPU, run the C++ tests and the CUDA test suite (pytest -m cuda: every op x type against
 # the CPU, whole-model logits CPU vs GPU for all architectures and weight types, partial offload,
-# multi-sequence batches, KV types, device memory vs cudaMemGetInfo, refusals), run a short GPU
-# benchmark (benchmarks/bench_gpu.py: decode tok/s of a synthetic model, CPU vs half vs all layers
-# on the GPU), and write a summary and the logs under $OUT (or build/gpu_check when OUT is unset).
+# multi-sequence batches, KV types, device memory vs cudaMemGetInfo, refusals, flash attention,
+# CUDA graphs on vs off), run a short GPU benchmark (benchmarks/bench_gpu.py --quick: the 8B shape's
+# decode with graphs on / off, 8 parallel sequences, prefill flash vs plain, against a measured
+# copy-bandwidth roofline), and write a summary and the logs under $OUT (or build/gpu_check when OUT is unset).
 #
 # Budget: about 8 minutes on an H200 machine with 16 cores (build ~2-3 min, tests ~2 min,
 # benchmark ~1-2 min). The whole script stays inside GPU_CHECK_BUDGET seconds (default 470, so that
@@ -39,7 +40,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-# $OUT brings back at most 8 files: summary.txt, build.log, ctest.log, three pytest logs,
+# $OUT brings back at most 8 files: summary.txt, build.log, ctest.log, three pytest logs (ops, engine,
+# quants),
 # bench_gpu.json and bench_gpu.log; everything else goes to the summary or to a scratch folder
 tmp=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
@@ -77,21 +79,26 @@ if ! python3 -c "from bonsai_runner import _core; print('device:', _core.cuda_de
 fi
 tail -1 "$summary"
 
-# one pytest process per file, op-level parity first: a kernel fault poisons its CUDA context, so a
-# crash in one file cannot hide the results of the next
-for f in test_cuda_ops test_cuda_engine test_quants; do
-  case $f in test_cuda_ops) cap=120 reserve=150 ;; test_cuda_engine) cap=240 reserve=75 ;; *) cap=60 reserve=60 ;; esac
-  timeout "$(limit $cap $reserve)" python3 -m pytest -m cuda -v -rfE -p no:cacheprovider --durations=5 "tests/$f.py" \
+# one pytest process per group, op-level parity first: a kernel fault poisons its CUDA context, so
+# a crash in one group cannot hide the results of the next
+for f in ops engine quants; do
+  case $f in
+    ops) files="tests/test_cuda_ops.py tests/test_cuda_flash.py" cap=120 reserve=150 ;;
+    engine) files="tests/test_cuda_engine.py tests/test_cuda_graphs.py" cap=240 reserve=75 ;;
+    *) files="tests/test_quants.py" cap=60 reserve=60 ;;
+  esac
+  # shellcheck disable=SC2086
+  timeout "$(limit $cap $reserve)" python3 -m pytest -m cuda -v -rfE -p no:cacheprovider --durations=5 $files \
     >"$out/pytest_$f.log" 2>&1
   rc=$?
-  note "pytest -m cuda tests/$f.py: $(tail -1 "$out/pytest_$f.log") (exit $rc, $(elapsed))"
+  note "pytest -m cuda $files: $(tail -1 "$out/pytest_$f.log") (exit $rc, $(elapsed))"
   if [ $rc -ne 0 ]; then
     status=1
     grep -E '^(FAILED|ERROR) ' "$out/pytest_$f.log" | head -30 | tee -a "$summary"
   fi
 done
 
-if timeout "$(limit 200 0)" python3 benchmarks/bench_gpu.py --json "$out/bench_gpu.json" >"$tmp/bench_gpu.txt" \
+if timeout "$(limit 200 0)" python3 benchmarks/bench_gpu.py --quick --json "$out/bench_gpu.json" >"$tmp/bench_gpu.txt" \
      2>"$out/bench_gpu.log"; then
   note "benchmark ($(elapsed)):"
   tee -a "$summary" "$out/bench_gpu.log" <"$tmp/bench_gpu.txt"

@@ -82,7 +82,7 @@ class Model:
 
 class Context:
     def __init__(self, model, n_ctx=512, n_batch=512, n_seq_max=1, n_threads=0, type_k="f16",
-                 type_v="f16", act_mode="int8", flash_attn=False):
+                 type_v="f16", act_mode="int8", flash_attn=False, cuda_graph=True):
         self.model = model
         self.n_ctx = n_ctx if n_ctx > 0 else model.n_ctx_train
         self.n_batch = n_batch

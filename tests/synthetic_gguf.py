@@ -52,7 +52,10 @@ def packed_weight(rng: np.random.Generator, rows: int, cols: int, wtype: str) ->
 def write_synthetic_model(path: Path, arch: str = "llama", hidden: int = 256, ffn: int = 512, n_layer: int = 4,
                           n_head: int = 4, n_head_kv: int = 2, head_dim: int | None = None, vocab: int = 512,
                           wtype: str = "PTQ1_0", emb_type: str = "F16", tied: bool = False,
-                          seed: int = 0) -> Path:
+                          seed: int = 0, head_type: str | None = None, same_blocks: bool = False) -> Path:
+    """head_type: type of output.weight (default emb_type). same_blocks: every block gets the
+    random linear weights of block 0 — for benchmark models of billions of weights,
+    whose speed does not depend on the values, written in seconds."""
     rng = np.random.default_rng(seed)
     hd = head_dim or (2 * hidden // n_head if arch == "qwen3" else hidden // n_head)
     w = GGUFWriter(str(path), arch)
@@ -86,8 +89,18 @@ def write_synthetic_model(path: Path, arch: str = "llama", hidden: int = 256, ff
     put("token_embd.weight", emb, emb_type, (vocab, hidden))
     put("output_norm.weight", norm(hidden), "F32", (hidden,))
     if not tied:
-        put("output.weight", packed_weight(rng, vocab, hidden, emb_type), emb_type, (vocab, hidden))
+        ht = head_type or emb_type
+        put("output.weight", packed_weight(rng, vocab, hidden, ht), ht, (vocab, hidden))
     nq, nkv = n_head * hd, n_head_kv * hd
+    first: dict = {}
+
+    def block_weight(name, rows, cols):
+        if not same_blocks:
+            return packed_weight(rng, rows, cols, wtype)
+        if name not in first:
+            first[name] = packed_weight(rng, rows, cols, wtype)
+        return first[name]
+
     for i in range(n_layer):
         b = f"blk.{i}."
         put(b + "attn_norm.weight", norm(hidden), "F32", (hidden,))
@@ -101,6 +114,6 @@ def write_synthetic_model(path: Path, arch: str = "llama", hidden: int = 256, ff
         for name, rows, cols in (("attn_q", nq, hidden), ("attn_k", nkv, hidden), ("attn_v", nkv, hidden),
                                  ("attn_output", hidden, nq), ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden),
                                  ("ffn_down", hidden, ffn)):
-            put(b + name + ".weight", packed_weight(rng, rows, cols, wtype), wtype, (rows, cols))
+            put(b + name + ".weight", block_weight(name, rows, cols), wtype, (rows, cols))
     w.write()
     return Path(path)

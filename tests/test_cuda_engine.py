@@ -151,12 +151,25 @@ def test_kv_types_and_chunked_prefill(gguf_for, kv, ngl):
             run_tokens(path, ngl, TOKENS, **kw))
 
 
-def _multi_sequence(path: str, ngl: int) -> np.ndarray:
+@cuda
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_flash_attention_matches_cpu_and_plain_gpu(gguf_for, kv):
+    """--flash-attn on the GPU (flash_attention.cu) against the CPU engine's flash attention and
+    the plain GPU kernel: chunked prefill (16, 16, 8 tokens) and single-token decode, FLOAT
+    activations so that only the attention kernels differ."""
+    path = gguf_for("qwen3", "PTQ1_0")
+    kw = dict(type_k=kv, type_v=kv, n_batch=16, act_mode="float")
+    flash = run_tokens(path, -1, TOKENS, flash_attn=True, **kw)
+    compare(f"qwen3 kv={kv} flash GPU vs CPU", run_tokens(path, 0, TOKENS, flash_attn=True, **kw), flash)
+    compare(f"qwen3 kv={kv} flash vs plain GPU", run_tokens(path, -1, TOKENS, **kw), flash)
+
+
+def _multi_sequence(path: str, ngl: int, flash_attn: bool = False) -> np.ndarray:
     """Two sequences sharing a prefix (seq_cp), then decoded together in one batch, then one
     sequence removed and the other continued."""
     out = []
     with _core.Model(path, n_gpu_layers=ngl) as m, \
-            _core.Context(m, n_ctx=128, n_batch=32, n_seq_max=3, n_threads=2) as ctx:
+            _core.Context(m, n_ctx=128, n_batch=32, n_seq_max=3, n_threads=2, flash_attn=flash_attn) as ctx:
         out.append(ctx.decode(TOKENS[:12], logits="all"))
         ctx.seq_cp(0, 1)
         toks = list(TOKENS[12:18]) + list(TOKENS[20:26]) + list(TOKENS[30:33])
@@ -172,6 +185,8 @@ def _multi_sequence(path: str, ngl: int) -> np.ndarray:
 def test_multi_sequence_batches(gguf_for, ngl):
     path = gguf_for("llama", "PTQ1_0")
     compare(f"llama multi-sequence ngl={ngl}", _multi_sequence(path, 0), _multi_sequence(path, ngl))
+    compare(f"llama multi-sequence ngl={ngl} flash", _multi_sequence(path, 0, True),
+            _multi_sequence(path, ngl, True))
 
 
 @cuda
@@ -180,16 +195,16 @@ def test_context_memory_matches_plan_and_model(gguf_for):
     from bonsai_runner.plan_model import describe_gguf
 
     path = gguf_for("qwen2", "Q8_0")
-    for ngl in (2, -1):
+    for ngl, flash in ((2, False), (-1, False), (-1, True)):
         p = PlanParams(n_ctx=200, n_batch=48, n_parallel=2, n_threads=2, type_k="q8_0", type_v="f16",
-                       n_gpu_layers=ngl)
+                       n_gpu_layers=ngl, flash_attn=flash)
         plan = device_budgets(describe_gguf(path), p)
         with _core.Model(path, n_gpu_layers=ngl) as m, \
                 _core.Context(m, n_ctx=200, n_batch=48, n_seq_max=2, n_threads=2, type_k="q8_0",
-                              type_v="f16") as c:
+                              type_v="f16", flash_attn=flash) as c:
             mm, cm = m.memory_report(), c.memory_report()
         gpu, cpu = plan["GPU"], plan["CPU"]
-        case = f"ngl={ngl}: plan {gpu} engine {mm} {cm}"
+        case = f"ngl={ngl} flash={flash}: plan {gpu} engine {mm} {cm}"
         assert gpu["weights_bytes"] == mm["gpu_weights_bytes"], case
         assert gpu["weights_by_type"] == mm["gpu_weights_by_type"], case
         assert gpu["kv_bytes"] == cm["gpu_kv_bytes"], case

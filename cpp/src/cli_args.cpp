@@ -118,7 +118,10 @@ std::vector<Flag> make_flags(RunOptions& o) {
         {{"-ctv", "--cache-type-v"}, "TYPE", "KV cache type for values: f16 or q8_0 (default f16)",
          [&o](S f, S v) { o.cache_type_v = parse_cache_type(f, v); }, nullptr},
         {{"-fa", "--flash-attn"}, "", "fused attention over the KV cache without a score matrix", nullptr, on(o.flash_attn)},
-        {{"--cuda-graph"}, "", "capture whole decode steps as CUDA graphs", nullptr, on(o.cuda_graph)},
+        {{"--cuda-graph"}, "", "replay each decode step shape as a captured CUDA graph (default on; "
+         "GPU layers only)", nullptr, on(o.cuda_graph)},
+        {{"--no-cuda-graph"}, "", "launch every GPU kernel of every step instead of replaying CUDA graphs",
+         nullptr, [&o](bool b) { o.cuda_graph = !b; }},
         {{"--no-mmap"}, "", "read the model into memory instead of mapping it", nullptr,
          [&o](bool b) { o.use_mmap = !b; }},
         {{"-np", "--parallel"}, "N", "N > 1: every non-blank line of -f FILE is its own prompt, N decoded "

@@ -70,6 +70,7 @@ ContextParams context_params_from(const RunOptions& o, int n_ctx, int n_seq_max)
     cp.type_k = o.cache_type_k;
     cp.type_v = o.cache_type_v;
     cp.flash_attn = o.flash_attn;
+    cp.cuda_graph = o.cuda_graph;
     return cp;
 }
 
@@ -198,8 +199,9 @@ void print_load_report(const Model& m, const Context& ctx, const RunOptions& o) 
                      mm.gpu_output ? " + output head" : "", gtypes.c_str(), format_bytes(cm.gpu_kv_bytes).c_str(),
                      format_bytes(cm.gpu_compute_bytes).c_str(), format_bytes(cm.gpu_logits_bytes).c_str());
     }
-    std::fprintf(stderr, "threads: %d, batch size %d%s\n", ctx.n_threads(), ctx.params().n_batch,
-                 ctx.params().flash_attn ? ", flash attention" : "");
+    std::fprintf(stderr, "threads: %d, batch size %d%s%s\n", ctx.n_threads(), ctx.params().n_batch,
+                 ctx.params().flash_attn ? ", flash attention" : "",
+                 mm.n_gpu_layers > 0 && ctx.params().cuda_graph ? ", CUDA graphs" : "");
 }
 
 namespace {
@@ -266,9 +268,6 @@ int run_generate(const RunOptions& o) {
         }
         if (prompt.empty()) throw Error("the prompt is empty; give some text with -p or -f");
     }
-#ifndef BONSAI_CUDA
-    if (o.cuda_graph) std::fprintf(stderr, "note: this build has no CUDA backend; --cuda-graph is ignored\n");
-#endif
 
     Timing timing;
     const auto t_load = Clock::now();

@@ -50,7 +50,8 @@ std::string write_temp(const std::string& text) {
 
 void test_values() {
     const RunOptions d = parse({"-m", "x.gguf"});
-    CHECK(d.model == "x.gguf" && d.ctx_size == 4096 && d.use_mmap && !d.flash_attn);
+    CHECK(d.model == "x.gguf" && d.ctx_size == 4096 && d.use_mmap && !d.flash_attn && d.cuda_graph);
+    CHECK(!parse({"-m", "x.gguf", "--no-cuda-graph"}).cuda_graph);
     CHECK(d.cache_type_k == TYPE_F16 && d.seed == -1 && d.n_predict == -1 && !d.has_prompt);
 
     const RunOptions o = parse({"--model=m.gguf", "-c", "8192", "--temp", "0.25", "--top-p=0.5",

@@ -126,10 +126,15 @@ void bind_cuda(py::module_& m) {
         bonsai::cuda_store_kv_host(rows.data(), rows.shape(0), rows.shape(1), t, op);
         return out;
     }, py::arg("rows"), py::arg("type"), "K/V rows converted by the device cache-store kernel (uint8 rows).");
+    m.def("cuda_copy_bandwidth", [](uint64_t bytes, int iters) {
+        py::gil_scoped_release release;
+        return bonsai::cuda_copy_bandwidth(bytes, iters);
+    }, py::arg("bytes") = uint64_t(1) << 30, py::arg("iters") = 20,
+       "Device memory bandwidth in bytes/s (read + write) of device-to-device copies of `bytes`.");
     m.def("cuda_attention", [](const F32Array& q, const I32Array& pos, const U64Array& seq_mask, const F32Array& k,
                                const F32Array& v, const I32Array& cell_pos, const U64Array& cell_seq,
                                const std::string& type_k, const std::string& type_v, int64_t n_head, int64_t n_head_kv,
-                               float scale) {
+                               float scale, bool flash) {
         need_2d(q, "q");
         need_2d(k, "k");
         need_2d(v, "v", k.shape(1));
@@ -145,12 +150,13 @@ void bind_cuda(py::module_& m) {
         float* op = out.mutable_data();
         py::gil_scoped_release release;
         bonsai::cuda_attention_host(q.data(), n, pos.data(), seq_mask.data(), k.data(), v.data(), cells,
-                                    cell_pos.data(), cell_seq.data(), tk, tv, n_head, n_head_kv, hd, scale, op);
+                                    cell_pos.data(), cell_seq.data(), tk, tv, n_head, n_head_kv, hd, scale, flash, op);
         return out;
     }, py::arg("q"), py::arg("pos"), py::arg("seq_mask"), py::arg("k"), py::arg("v"), py::arg("cell_pos"),
        py::arg("cell_seq"), py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("n_head") = 1,
-       py::arg("n_head_kv") = 1, py::arg("scale") = 1.0f,
-       "Causal attention over a cache built from k / v rows (stored as type_k / type_v on the device).");
+       py::arg("n_head_kv") = 1, py::arg("scale") = 1.0f, py::arg("flash") = false,
+       "Causal attention over a cache built from k / v rows (stored as type_k / type_v on the device); "
+       "flash=True runs the flash kernel (tiles, GQA sharing, split cells for few queries).");
 #else
     (void)m;
 #endif

@@ -243,7 +243,7 @@ void bind_model(py::module_& m) {
     py::class_<PyContext>(m, "Context", "Mutable inference state (KV cache, buffers) over a Model.")
         .def(py::init([](const PyModel& model, int n_ctx, int n_batch, int n_seq_max, int n_threads,
                          const std::string& type_k, const std::string& type_v, const std::string& act_mode,
-                         bool flash_attn) {
+                         bool flash_attn, bool cuda_graph) {
                  bonsai::ContextParams p;
                  p.n_ctx = n_ctx;
                  p.n_batch = n_batch;
@@ -253,6 +253,7 @@ void bind_model(py::module_& m) {
                  p.type_v = parse_cache_type(type_v, "V");
                  p.act_mode = parse_act_mode(act_mode);
                  p.flash_attn = flash_attn;
+                 p.cuda_graph = cuda_graph;
                  model.get();
                  auto h = std::make_unique<PyContext>();
                  auto mp = model.model;
@@ -262,7 +263,7 @@ void bind_model(py::module_& m) {
              }),
              py::arg("model"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512, py::arg("n_seq_max") = 1,
              py::arg("n_threads") = 0, py::arg("type_k") = "f16", py::arg("type_v") = "f16",
-             py::arg("act_mode") = "int8", py::arg("flash_attn") = false)
+             py::arg("act_mode") = "int8", py::arg("flash_attn") = false, py::arg("cuda_graph") = true)
         .def("decode", &decode, py::arg("tokens"), py::arg("pos") = py::none(), py::arg("seq_ids") = py::none(),
              py::arg("logits") = "last",
              "Runs tokens through the model; returns float32 logits [n_out, n_vocab] of the flagged tokens.")

@@ -63,7 +63,8 @@ class Llama:
 
     def __init__(self, model_path: Union[str, os.PathLike], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: Optional[int] = None, n_gpu_layers: int = 0, type_k: str = "f16",
-                 type_v: str = "f16", flash_attn: bool = False, seed: int = LLAMA_DEFAULT_SEED,
+                 type_v: str = "f16", flash_attn: bool = False, cuda_graph: bool = True,
+                 seed: int = LLAMA_DEFAULT_SEED,
                  logits_all: bool = False, use_mmap: bool = True, tokenizer: Optional[str] = None,
                  chat_template: Optional[str] = None, act_mode: str = "int8", verbose: bool = True):
         self._model = None
@@ -100,7 +101,8 @@ class Llama:
         try:
             self._ctx = _core.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_seq_max=1,
                                       n_threads=n_threads, type_k=type_k, type_v=type_v,
-                                      act_mode=act_mode, flash_attn=bool(flash_attn))
+                                      act_mode=act_mode, flash_attn=bool(flash_attn),
+                                      cuda_graph=bool(cuda_graph))
         except BaseException:
             self.close()
             raise

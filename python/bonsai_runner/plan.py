@@ -124,6 +124,7 @@ def logits_bytes(d: ModelDesc, n_seq: int) -> int:
 
 GPU_ALIGN = 256
 GPU_LOGITS_ROWS = 64
+GPU_FLASH_PARTIAL_ROWS = 512 * 16   # cpp/backends/cuda/flash_attention.cu flash_partial_floats
 
 
 def _align(n: int) -> int:
@@ -131,7 +132,7 @@ def _align(n: int) -> int:
 
 
 def gpu_context_bytes(d: ModelDesc, n_ctx: int, n_batch: int, type_k: str, type_v: str, n_gpu: int,
-                      output: bool) -> dict:
+                      output: bool, flash_attn: bool = False) -> dict:
     """The CUDA context allocation (cpp/backends/cuda/gpu_context.cu layout): kv, compute, logits."""
     nb = min(n_batch, n_ctx)
     pieces_kv = [n_gpu * n_ctx * type_info(type_k).row_bytes(d.n_embd_kv),
@@ -139,7 +140,9 @@ def gpu_context_bytes(d: ModelDesc, n_ctx: int, n_batch: int, type_k: str, type_
     pieces = [4 * nb * d.n_embd, 4 * nb * d.n_embd, 4 * nb * d.n_embd_q, 4 * nb * d.n_embd_q,
               4 * nb * d.n_embd_kv, 4 * nb * d.n_embd_kv, 4 * nb * d.n_ff, 4 * nb * d.n_ff, 4 * nb * d.n_rot,
               nb * max(d.n_embd, d.n_embd_q, d.n_ff), 4 * nb, 4 * nb, 4 * nb, 4 * nb, 8 * nb,
-              4 * n_ctx, 8 * n_ctx]
+              4 * n_ctx, 8 * n_ctx, 4]
+    if flash_attn:
+        pieces.append(4 * GPU_FLASH_PARTIAL_ROWS * (d.head_dim + 2))
     total = 0
     for i, b in enumerate(pieces_kv + pieces):
         total = (_align(total) if i else 0) + b
@@ -230,7 +233,7 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
         VOCAB_TEXT_ESTIMATE * d.n_vocab
     cpu["overhead_items"]["vocabulary (estimate)"] = vocab_text + VOCAB_ENTRY_BYTES * d.n_vocab
     if gpu is not None:
-        g = gpu_context_bytes(d, n_ctx, p.n_batch, p.type_k, p.type_v, n_gpu, all_on_gpu)
+        g = gpu_context_bytes(d, n_ctx, p.n_batch, p.type_k, p.type_v, n_gpu, all_on_gpu, p.flash_attn)
         gpu["kv_bytes"] = g["kv_bytes"]
         gpu["compute_bytes"] = g["compute_bytes"]
         gpu["logits_bytes"] = g["logits_bytes"]

@@ -9,6 +9,7 @@
 
 #include "cuda_common.cuh"
 #include "ops_cuda.cuh"
+#include "quantize_row.cuh"
 
 namespace bonsai::cuda {
 
@@ -18,42 +19,21 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t cols, i
                                     float* __restrict__ scale) {
     __shared__ float red[32];
     const int64_t t = blockIdx.x;
-    const float* xr = x + t * cols;
-    int8_t* qr = q + t * cols;
-    float amax = 0.0f;
-    int bad = 0;
-    for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) {
-        const float a = fabsf(xr[k]);
-        if (!(a <= FLT_MAX)) bad = 1;
-        else amax = fmaxf(amax, a);
-    }
-    bad = __syncthreads_or(bad);
-    amax = block_max(amax, red);
-    if (bad || amax == 0.0f) {
-        for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) qr[k] = 0;
-        if (threadIdx.x == 0) scale[t] = bad ? __int_as_float(0x7fc00000) : 0.0f;
-        return;
-    }
-    const float iscale = 127.0f / amax;
-    for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) {
-        const float v = __fmul_rn(xr[k], iscale);
-        const float tr = truncf(v);
-        const float f = __fsub_rn(v, tr);
-        float r = tr + static_cast<float>(f >= 0.5f) - static_cast<float>(f <= -0.5f);
-        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-        qr[k] = static_cast<int8_t>(r);
-    }
-    if (threadIdx.x == 0) scale[t] = amax / 127.0f;
+    quantize_row(x + t * cols, cols, q + t * cols, scale + t, red);
 }
 
 }  // namespace
 
-void quantize_act(const float* x, int64_t n_tokens, int64_t cols, const ActScratch& s) {
-    if (n_tokens <= 0 || cols <= 0) return;
+void check_act_scratch(int64_t n_tokens, int64_t cols, const ActScratch& s) {
     if (n_tokens > s.max_tokens || n_tokens * cols > s.max_elems)
         throw Error("CUDA quantize_act: " + std::to_string(n_tokens) + " x " + std::to_string(cols) +
                     " activations exceed the INT8 scratch (" + std::to_string(s.max_elems) + " elements)");
-    quantize_act_kernel<<<grid_for(n_tokens, "quantize_act"), kThreads>>>(x, cols, s.q, s.scale);
+}
+
+void quantize_act(const float* x, int64_t n_tokens, int64_t cols, const ActScratch& s) {
+    if (n_tokens <= 0 || cols <= 0) return;
+    check_act_scratch(n_tokens, cols, s);
+    quantize_act_kernel<<<grid_for(n_tokens, "quantize_act"), kThreads, 0, stream()>>>(x, cols, s.q, s.scale);
     check_launch("quantize_act_kernel");
 }
 

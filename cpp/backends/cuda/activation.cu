@@ -31,19 +31,19 @@ __global__ void add_bias_kernel(float* x, const float* __restrict__ b, int64_t t
 
 void swiglu(const float* gate, const float* up, int64_t n, float* out) {
     if (n <= 0) return;
-    swiglu_kernel<<<stride_blocks(n), kThreads>>>(gate, up, n, out);
+    swiglu_kernel<<<stride_blocks(n), kThreads, 0, stream()>>>(gate, up, n, out);
     check_launch("swiglu_kernel");
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {
     if (n <= 0) return;
-    add_kernel<<<stride_blocks(n), kThreads>>>(x, y, n);
+    add_kernel<<<stride_blocks(n), kThreads, 0, stream()>>>(x, y, n);
     check_launch("add_kernel");
 }
 
 void add_bias(float* x, const float* b, int64_t n_rows, int64_t n) {
     if (n_rows <= 0 || n <= 0) return;
-    add_bias_kernel<<<stride_blocks(n_rows * n), kThreads>>>(x, b, n_rows * n, n);
+    add_bias_kernel<<<stride_blocks(n_rows * n), kThreads, 0, stream()>>>(x, b, n_rows * n, n);
     check_launch("add_bias_kernel");
 }
 

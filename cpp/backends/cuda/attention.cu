@@ -48,7 +48,8 @@ __global__ void attention_kernel(AttentionDev a) {
         acc[u] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int64_t c = 0; c < a.n_used; ++c) {
+    const int64_t n_used = used_cells(a);
+    for (int64_t c = 0; c < n_used; ++c) {
         if (!(a.cell_seq[c] & mask) || a.cell_pos[c] > p) continue;
         const uint8_t* krow = a.k + c * a.k_row_bytes + k_off;
         float part = 0.0f;
@@ -85,8 +86,7 @@ __global__ void attention_kernel(AttentionDev a) {
 
 }  // namespace
 
-void attention(const AttentionDev& a) {
-    if (a.n_tokens <= 0) return;
+void check_attention_shape(const AttentionDev& a) {
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.head_dim > kMaxHeadDim)
         throw Error("CUDA attention: unsupported head shape (" + std::to_string(a.n_head) + " heads, " +
                     std::to_string(a.n_head_kv) + " kv heads, head size " + std::to_string(a.head_dim) +
@@ -94,7 +94,12 @@ void attention(const AttentionDev& a) {
     for (GgmlType t : {a.type_k, a.type_v})
         if (t != TYPE_F16 && !(t == TYPE_Q8_0 && a.head_dim % QK8_0 == 0))
             throw Error("CUDA attention: the KV cache type must be F16 or Q8_0 (head size a multiple of 32)");
-    attention_kernel<<<grid_for(a.n_tokens * a.n_head, "attention"), 32>>>(a);
+}
+
+void attention(const AttentionDev& a) {
+    if (a.n_tokens <= 0) return;
+    check_attention_shape(a);
+    attention_kernel<<<grid_for(a.n_tokens * a.n_head, "attention"), 32, 0, stream()>>>(a);
     check_launch("attention_kernel");
 }
 

@@ -1,6 +1,6 @@
 // Shared helpers of the CUDA backend: error checks that turn every failing CUDA call into one
-// bonsai::Error naming the operation and cudaGetErrorString, launch-size helpers that respect the
-// grid limits, and warp / block reductions used by the kernels.
+// bonsai::Error naming the operation and cudaGetErrorString, the stream the ops launch on, launch-
+// size helpers that respect the grid limits, and warp / block reductions used by the kernels.
 //
 // Reductions assume blockDim.x is a multiple of 32 and at most 1024 (every launch here uses 32,
 // 128 or 256 threads); block_sum / block_max leave the result in every thread.
@@ -24,6 +24,26 @@ inline void check(cudaError_t err, const std::string& what) {
 inline void check_launch(const char* kernel) {
     check(cudaGetLastError(), std::string("launch of ") + kernel);
 }
+
+// Every op launches on stream(): the legacy default stream, or the stream of the innermost
+// StreamScope of this thread (gpu_forward runs a context's step on its own stream, which can be
+// captured into a CUDA graph).
+inline cudaStream_t& current_stream_slot() {
+    thread_local cudaStream_t s = nullptr;
+    return s;
+}
+inline cudaStream_t stream() { return current_stream_slot(); }
+
+class StreamScope {
+public:
+    explicit StreamScope(cudaStream_t s) : prev_(current_stream_slot()) { current_stream_slot() = s; }
+    ~StreamScope() { current_stream_slot() = prev_; }
+    StreamScope(const StreamScope&) = delete;
+    StreamScope& operator=(const StreamScope&) = delete;
+
+private:
+    cudaStream_t prev_;
+};
 
 constexpr int kThreads = 256;
 

@@ -1,16 +1,28 @@
 // The GPU layer runner: one batch chunk through the offloaded layers [0, n_gpu), called from the
 // architecture forward loops (cpp/src/forward_gpu.cpp dispatches here).
 //
-// Per chunk: upload the embeddings the host gathered (x), the host-built rope table, the tokens'
-// positions / sequence masks / KV cells and the cell metadata of the cache (positions and
-// sequence masks of cells [0, used_end)); run every offloaded layer with the same steps and order
-// as the CPU (arch_common.cpp, qwen2 biases after the projections, qwen3 q/k norms before the
-// rotation); then either copy x back for the CPU layers (the one crossing per boundary) or, when
-// the output head is on the GPU too, normalise the wanted rows, apply the head 64 rows at a time
-// and copy only those logits back. The default stream orders everything; the final copies
-// synchronize, and one cudaDeviceSynchronize reports any asynchronous fault before returning.
+// Per chunk, everything on the context's own stream: the host writes the step's inputs into the
+// pinned staging buffers (embeddings the host gathered, the host-built rope table, the tokens'
+// positions / sequence masks / KV cells / output rows, the cache's cell positions and sequence
+// masks, the used-cell count) and the step enqueues: async copies of those into the device
+// pieces; every offloaded layer with the same steps and order as the CPU (arch_common.cpp, qwen2
+// biases after the projections, qwen3 q/k norms before the rotation; with INT8 activations the
+// attention / FFN norm also quantizes its output once for q/k/v and for gate/up; attention by
+// flash_attention.cu when the context asked for flash attention, else attention.cu); and, when
+// the output head is on the GPU and the wanted rows fit in one pass (n_out <= logits_rows), the
+// output norm + head. Attention grids are sized for the n_ctx cells of the context and read this
+// step's used-cell count from device memory, so the enqueued work depends only on the shape
+// (n_tokens, n_out): with ContextParams::cuda_graph it is captured once per shape and replayed
+// (step_graphs.cuh). Plain and graph steps run the same kernels with the same arguments, so their
+// results are bit-identical. After the step the wanted logits (or x, when CPU layers follow: the
+// one crossing per boundary) are copied back outside the graph; heads over more rows than one
+// pass run 64 rows at a time with plain launches. One stream synchronize ends the step and
+// reports any asynchronous fault.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "../../src/arch/arch.h"
 #include "bonsai/kv_cache.h"
@@ -21,34 +33,57 @@ namespace bonsai {
 
 namespace {
 
+constexpr int64_t kMaxGraphTokens = 64;  // larger chunks (prefill) are not worth a graph each
+
 template <typename T>
-void upload(T* dst, const T* src, int64_t n, const char* what) {
-    if (n > 0) cuda::check(cudaMemcpy(dst, src, sizeof(T) * n, cudaMemcpyHostToDevice), std::string("upload of ") + what);
+void stage(T* dst, const T* src, int64_t n) {
+    if (n > 0) std::memcpy(dst, src, sizeof(T) * n);
 }
 
-}  // namespace
+template <typename T>
+void upload(T* dst, const T* src, int64_t n, const char* what) {
+    if (n > 0)
+        cuda::check(cudaMemcpyAsync(dst, src, sizeof(T) * n, cudaMemcpyHostToDevice, cuda::stream()),
+                    std::string("upload of ") + what);
+}
 
-int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
-    const Hparams& hp = m.hparams();
+void run_head(const Hparams& hp, const GpuModel& g, GpuContext& c, ActMode act, int64_t r0, int64_t cnt) {
+    cuda::rms_norm(c.x, c.out_rows + r0, g.output_norm, cnt, hp.n_embd, hp.rms_eps, c.cur);
+    cuda::matmul(g.head, c.cur, cnt, c.logits, act, c.act_scratch);
+}
+
+// cur = rms_norm(x) * norm, then y_i = W_i cur for each (W_i, y_i). When every W_i takes the INT8
+// path, the norm kernel quantizes cur once for all of them (bit-identical to quantizing per matrix).
+void normed_matmuls(GpuContext& c, ActMode act, const float* norm, float eps, int64_t n,
+                    std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> mats) {
+    const int64_t ne = mats.begin()->first->cols;  // n_embd: every matrix here reads the normalised x
+    bool int8 = true;
+    for (const auto& m : mats) int8 = int8 && cuda::int8_path(*m.first, act);
+    if (int8) {
+        cuda::rms_norm_quantize(c.x, norm, n, ne, eps, c.cur, c.act_scratch);
+        for (const auto& m : mats) cuda::matmul_quantized(*m.first, n, m.second, c.act_scratch);
+        return;
+    }
+    cuda::rms_norm(c.x, nullptr, norm, n, ne, eps, c.cur);
+    for (const auto& m : mats) cuda::matmul(*m.first, c.cur, n, m.second, act, c.act_scratch);
+}
+
+// Enqueues the uploads and the layers of one step of n tokens (and the head when head_rows > 0).
+void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int64_t n_out, int64_t cells,
+                  int64_t head_rows) {
     const GpuModel& g = *c.model;
-    const int64_t n = st.n_tokens, n_gpu = static_cast<int64_t>(g.layers.size());
-    if (n <= 0) return n_gpu;
-    if (n > c.n_batch)
-        throw Error("gpu_forward: a chunk of " + std::to_string(n) + " tokens exceeds n_batch " + std::to_string(c.n_batch));
-    const KvCache& kv = *st.kv;
-    const int64_t n_used = kv.used_end();
-    if (n_used > c.n_ctx) throw Error("gpu_forward: the KV cache has more cells than the device cache");
+    const StepStaging& h = c.staging;
     const int64_t ne = hp.n_embd, nq = hp.n_embd_q(), nkv = hp.n_embd_kv();
+    upload(c.x, h.x, n * ne, "embeddings");
+    upload(c.rope, h.rope, n * hp.n_rot, "rope table");
+    upload(c.tok_pos, h.tok_pos, n, "positions");
+    upload(c.tok_mask, h.tok_mask, n, "sequence masks");
+    upload(c.tok_cell, h.tok_cell, n, "KV cells");
+    upload(c.out_rows, h.out_rows, n_out, "output rows");
+    upload(c.cell_pos, h.cell_pos, cells, "cell positions");
+    upload(c.cell_seq, h.cell_seq, cells, "cell sequences");
+    upload(c.n_used, h.n_used, 1, "used-cell count");
 
-    upload(c.x, st.x, n * ne, "embeddings");
-    upload(c.rope, st.rope_cs, n * hp.n_rot, "rope table");
-    upload(c.tok_pos, st.pos, n, "positions");
-    upload(c.tok_mask, st.seq_mask, n, "sequence masks");
-    upload(c.tok_cell, st.cell, n, "KV cells");
-    upload(c.cell_pos, kv.cell_pos_data(), n_used, "cell positions");
-    upload(c.cell_seq, kv.cell_seq_data(), n_used, "cell sequences");
-
-    const ActMode act = st.act;
     const cuda::ActScratch& s = c.act_scratch;
     const bool neox = hp.rope_type == RopeType::NEOX;
     cuda::AttentionDev a;
@@ -58,7 +93,8 @@ int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
     a.seq_mask = c.tok_mask;
     a.cell_pos = c.cell_pos;
     a.cell_seq = c.cell_seq;
-    a.n_used = n_used;
+    a.n_used = c.n_ctx;
+    a.n_used_dev = c.n_used;
     a.k_row_bytes = c.k_row_bytes;
     a.v_row_bytes = c.v_row_bytes;
     a.type_k = c.type_k;
@@ -68,13 +104,12 @@ int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
     a.head_dim = hp.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
     a.out = c.attn;
+    a.partial = c.attn_partial;
+    a.partial_floats = c.attn_partial_floats;
 
-    for (int64_t il = 0; il < n_gpu; ++il) {
+    for (size_t il = 0; il < g.layers.size(); ++il) {
         const GpuLayer& L = g.layers[il];
-        cuda::rms_norm(c.x, nullptr, L.attn_norm, n, ne, hp.rms_eps, c.cur);
-        cuda::matmul(L.wq, c.cur, n, c.q, act, s);
-        cuda::matmul(L.wk, c.cur, n, c.kc, act, s);
-        cuda::matmul(L.wv, c.cur, n, c.vc, act, s);
+        normed_matmuls(c, act, L.attn_norm, hp.rms_eps, n, {{&L.wq, c.q}, {&L.wk, c.kc}, {&L.wv, c.vc}});
         if (L.bq) {
             cuda::add_bias(c.q, L.bq, n, nq);
             cuda::add_bias(c.kc, L.bk, n, nkv);
@@ -92,32 +127,74 @@ int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
         cuda::store_kv_rows(c.vc, n, nkv, c.tok_cell, c.type_v, v_layer, c.v_row_bytes);
         a.k = k_layer;
         a.v = v_layer;
-        cuda::attention(a);
+        if (c.flash_attn)
+            cuda::flash_attention(a);
+        else
+            cuda::attention(a);
         cuda::matmul(L.wo, c.attn, n, c.cur, act, s);
         cuda::add_inplace(c.x, c.cur, n * ne);
-        cuda::rms_norm(c.x, nullptr, L.ffn_norm, n, ne, hp.rms_eps, c.cur);
-        cuda::matmul(L.w_gate, c.cur, n, c.gate, act, s);
-        cuda::matmul(L.w_up, c.cur, n, c.up, act, s);
+        normed_matmuls(c, act, L.ffn_norm, hp.rms_eps, n, {{&L.w_gate, c.gate}, {&L.w_up, c.up}});
         cuda::swiglu(c.gate, c.up, n * hp.n_ff, c.gate);
         cuda::matmul(L.w_down, c.gate, n, c.cur, act, s);
         cuda::add_inplace(c.x, c.cur, n * ne);
     }
+    if (head_rows > 0) run_head(hp, g, c, act, 0, head_rows);
+}
+
+void copy_back(void* dst, const void* src, size_t bytes, const char* what) {
+    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda::stream()), what);
+}
+
+}  // namespace
+
+int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
+    const Hparams& hp = m.hparams();
+    const GpuModel& g = *c.model;
+    const int64_t n = st.n_tokens, n_gpu = static_cast<int64_t>(g.layers.size());
+    if (n <= 0) return n_gpu;
+    if (n > c.n_batch)
+        throw Error("gpu_forward: a chunk of " + std::to_string(n) + " tokens exceeds n_batch " + std::to_string(c.n_batch));
+    const KvCache& kv = *st.kv;
+    const int64_t n_used = kv.used_end();
+    if (n_used > c.n_ctx) throw Error("gpu_forward: the KV cache has more cells than the device cache");
+    const int64_t n_out = g.output ? st.n_out : 0;
+    const bool one_pass_head = n_out > 0 && n_out <= c.logits_rows;
+    const bool graph = c.graphs.enabled() && n <= kMaxGraphTokens && (n_out == 0 || one_pass_head);
+
+    // the previous step has synchronized, so the staging buffers are free
+    StepStaging& h = c.staging;
+    stage(h.x, st.x, n * hp.n_embd);
+    stage(h.rope, st.rope_cs, n * hp.n_rot);
+    stage(h.tok_pos, st.pos, n);
+    stage(h.tok_mask, st.seq_mask, n);
+    stage(h.tok_cell, st.cell, n);
+    stage(h.out_rows, st.out_rows, n_out);
+    stage(h.cell_pos, kv.cell_pos_data(), n_used);
+    stage(h.cell_seq, kv.cell_seq_data(), n_used);
+    *h.n_used = static_cast<int32_t>(n_used);
+
+    cuda::StreamScope scope(c.stream->get());
+    const int64_t head_rows = one_pass_head ? n_out : 0;
+    // a graph copies the metadata of every cell (its size is fixed); plain steps only the used ones
+    const auto enqueue = [&](int64_t cells) { enqueue_step(hp, c, st.act, n, n_out, cells, head_rows); };
+    const uint64_t key = static_cast<uint64_t>(n) << 32 | static_cast<uint64_t>(n_out);
+    if (!(graph && c.graphs.run(key, c.stream->get(), [&] { enqueue(c.n_ctx); }))) enqueue(n_used);
 
     if (!g.output) {
-        cuda::check(cudaMemcpy(st.x, c.x, sizeof(float) * n * ne, cudaMemcpyDeviceToHost),
-                    "GPU layers (copying the activations back)");
-    } else if (st.n_out > 0) {
-        upload(c.out_rows, st.out_rows, st.n_out, "output rows");
-        for (int64_t r0 = 0; r0 < st.n_out; r0 += c.logits_rows) {
-            const int64_t cnt = std::min(c.logits_rows, st.n_out - r0);
-            cuda::rms_norm(c.x, c.out_rows + r0, g.output_norm, cnt, ne, hp.rms_eps, c.cur);
-            cuda::matmul(g.head, c.cur, cnt, c.logits, act, s);
-            cuda::check(cudaMemcpy(st.logits + r0 * hp.n_vocab, c.logits, sizeof(float) * cnt * hp.n_vocab,
-                                   cudaMemcpyDeviceToHost),
-                        "GPU layers and output head (copying the logits back)");
+        copy_back(st.x, c.x, sizeof(float) * n * hp.n_embd, "GPU layers (copying the activations back)");
+    } else if (one_pass_head) {
+        copy_back(st.logits, c.logits, sizeof(float) * n_out * hp.n_vocab,
+                  "GPU output head (copying the logits back)");
+    } else {
+        for (int64_t r0 = 0; r0 < n_out; r0 += c.logits_rows) {
+            const int64_t cnt = std::min(c.logits_rows, n_out - r0);
+            run_head(hp, g, c, st.act, r0, cnt);
+            copy_back(st.logits + r0 * hp.n_vocab, c.logits, sizeof(float) * cnt * hp.n_vocab,
+                      "GPU output head (copying the logits back)");
+            cuda::check(cudaStreamSynchronize(c.stream->get()), "GPU output head");
         }
     }
-    cuda::check(cudaDeviceSynchronize(), "GPU forward");
+    cuda::check(cudaStreamSynchronize(c.stream->get()), "GPU forward");
     return n_gpu;
 }
 

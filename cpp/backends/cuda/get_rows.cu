@@ -24,7 +24,8 @@ void get_rows(const DeviceMatrix& w, const int32_t* ids, int64_t n, float* out) 
     if (!type_traits(w.type) || w.cols <= 0 || w.row_bytes != type_row_bytes(w.type, w.cols))
         throw Error("CUDA get_rows: bad weight");
     if (n <= 0) return;
-    get_rows_kernel<<<stride_blocks(n * w.cols), kThreads>>>(w.type, w.data, w.cols, w.row_bytes, ids, n, out);
+    get_rows_kernel<<<stride_blocks(n * w.cols), kThreads, 0, stream()>>>(w.type, w.data, w.cols, w.row_bytes, ids,
+                                                                         n, out);
     check_launch("get_rows_kernel");
 }
 

@@ -6,10 +6,16 @@
 //   compute x, cur [nb, n_embd] | q, attn [nb, n_embd_q] | k, v [nb, n_embd_kv] | gate, up
 //           [nb, n_ff] | rope table [nb, n_rot] | int8 activations [nb * max(n_embd, n_embd_q,
 //           n_ff)] + scales [nb] | token pos, cell, output row (int32 [nb]) and sequence mask
-//           (uint64 [nb]) | cell pos (int32 [n_ctx]) and sequence masks (uint64 [n_ctx])
+//           (uint64 [nb]) | cell pos (int32 [n_ctx]) and sequence masks (uint64 [n_ctx]) | the
+//           step's used-cell count (int32 [1]) | with
+//           flash attention, its split partials (float [flash_partial_floats(head_dim)], fixed:
+//           the split count adapts so that no grid needs more)
 //   logits  [min(nb, 64), n_vocab] float32, only with the output head on the GPU (the head runs
 //           over the wanted rows 64 at a time)
-// The attention kernel keeps no score matrix (one-pass online softmax), so nothing grows with
+// Host side: one pinned allocation with the staging buffers of the step inputs (x, rope table,
+// token pos / cell / output rows / masks, cell pos / masks, used-cell count; StepStaging), and
+// the context's own stream. Neither is device memory, so neither is in the figures.
+// Neither attention kernel keeps a score matrix (one-pass online softmax), so nothing grows with
 // n_ctx except the KV cache and the cell metadata.
 #include <algorithm>
 
@@ -59,6 +65,10 @@ GpuContextMemory layout(const Model& m, const ContextParams& p, uint8_t* base, G
     g.tok_mask = u64(nb);
     g.cell_pos = i32(n_ctx);
     g.cell_seq = u64(n_ctx);
+    g.n_used = i32(1);
+    g.flash_attn = p.flash_attn;
+    g.attn_partial_floats = p.flash_attn ? cuda::flash_partial_floats(hp.head_dim) : 0;
+    if (p.flash_attn) g.attn_partial = f32(g.attn_partial_floats);
     const size_t before_logits = (plan.total + cuda::kAlign - 1) / cuda::kAlign * cuda::kAlign;
     mem.compute_bytes = before_logits - mem.kv_bytes;
     g.logits_rows = m.gpu_output() ? std::min(nb, kLogitsRows) : 0;
@@ -73,6 +83,21 @@ GpuContextMemory layout(const Model& m, const ContextParams& p, uint8_t* base, G
     g.k_row_bytes = krb;
     g.v_row_bytes = vrb;
     return mem;
+}
+
+// Lays out the pinned staging of one step; with base == nullptr only the size is meaningful.
+size_t staging_layout(const Hparams& hp, int64_t nb, int64_t n_ctx, uint8_t* base, StepStaging& s) {
+    cuda::ArenaPlan plan;
+    s.x = reinterpret_cast<float*>(base + plan.take(sizeof(float) * nb * hp.n_embd));
+    s.rope = reinterpret_cast<float*>(base + plan.take(sizeof(float) * nb * hp.n_rot));
+    s.tok_pos = reinterpret_cast<int32_t*>(base + plan.take(sizeof(int32_t) * nb));
+    s.tok_cell = reinterpret_cast<int32_t*>(base + plan.take(sizeof(int32_t) * nb));
+    s.out_rows = reinterpret_cast<int32_t*>(base + plan.take(sizeof(int32_t) * nb));
+    s.tok_mask = reinterpret_cast<uint64_t*>(base + plan.take(sizeof(uint64_t) * nb));
+    s.cell_pos = reinterpret_cast<int32_t*>(base + plan.take(sizeof(int32_t) * n_ctx));
+    s.cell_seq = reinterpret_cast<uint64_t*>(base + plan.take(sizeof(uint64_t) * n_ctx));
+    s.n_used = reinterpret_cast<int32_t*>(base + plan.take(sizeof(int32_t)));
+    return plan.total;
 }
 
 }  // namespace
@@ -94,6 +119,15 @@ std::shared_ptr<GpuContext> gpu_context_create(const Model& m, const ContextPara
     c->weights = m.gpu_ptr();
     c->model = c->weights.get();
     cuda::check(cudaMemset(c->alloc->data(), 0, c->alloc->size()), "clearing the context's device memory");
+    // the context's stream is non-blocking: finish the legacy-stream work (weight uploads, the
+    // clearing above) before any step can start on it
+    cuda::check(cudaDeviceSynchronize(), "clearing the context's device memory");
+    StepStaging none;
+    const size_t staging_bytes = staging_layout(m.hparams(), c->n_batch, c->n_ctx, nullptr, none);
+    c->pinned = std::make_unique<cuda::PinnedAllocation>(staging_bytes);
+    staging_layout(m.hparams(), c->n_batch, c->n_ctx, c->pinned->data(), c->staging);
+    c->stream = std::make_unique<cuda::OwnedStream>();
+    c->graphs.set_enabled(p.cuda_graph);
     return c;
 }
 

@@ -10,6 +10,8 @@
 #include "bonsai/cuda/gpu_backend.h"
 #include "device_pool.cuh"
 #include "ops_cuda.cuh"
+#include "step_graphs.cuh"
+#include "step_io.cuh"
 
 namespace bonsai {
 
@@ -32,6 +34,20 @@ public:
     const float* output_norm = nullptr;
     GpuWeightsMemory mem;
     std::unique_ptr<cuda::DeviceAllocation> alloc;
+};
+
+// Pinned host staging of one step's inputs (forward.cu copies them to the device pieces of the
+// same names with cudaMemcpyAsync): sizes as on the device, n_used a single int32.
+struct StepStaging {
+    float* x = nullptr;
+    float* rope = nullptr;
+    int32_t* tok_pos = nullptr;
+    int32_t* tok_cell = nullptr;
+    int32_t* out_rows = nullptr;
+    uint64_t* tok_mask = nullptr;
+    int32_t* cell_pos = nullptr;
+    uint64_t* cell_seq = nullptr;
+    int32_t* n_used = nullptr;
 };
 
 class GpuContext {
@@ -60,10 +76,18 @@ public:
     int32_t* out_rows = nullptr;  // [nb]
     int32_t* cell_pos = nullptr;  // [n_ctx]
     uint64_t* cell_seq = nullptr; // [n_ctx]
+    int32_t* n_used = nullptr;    // [1] used cells of this step (kernels read it; see forward.cu)
+    bool flash_attn = false;      // flash_attention.cu instead of attention.cu
+    float* attn_partial = nullptr;  // [attn_partial_floats] flash split partials
+    int64_t attn_partial_floats = 0;
     float* logits = nullptr;      // [logits_rows, n_vocab] when the head is on the GPU
     int64_t logits_rows = 0;
     GpuContextMemory mem;
     std::unique_ptr<cuda::DeviceAllocation> alloc;
+    std::unique_ptr<cuda::OwnedStream> stream;      // every launch and copy of a step
+    std::unique_ptr<cuda::PinnedAllocation> pinned;  // holds `staging`
+    StepStaging staging;
+    cuda::StepGraphs graphs;                         // enabled by ContextParams::cuda_graph
 };
 
 }  // namespace bonsai

@@ -1,5 +1,6 @@
 // Host-memory wrappers of the CUDA ops (see bonsai/cuda/host_ops.h): copy in, run, copy out.
 // Temporary device buffers are RAII so an exception frees them.
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -131,7 +132,7 @@ void cuda_store_kv_host(const float* rows, int64_t n_rows, int64_t n, GgmlType t
 void cuda_attention_host(const float* q, int64_t n_tokens, const int32_t* pos, const uint64_t* seq_mask,
                          const float* k, const float* v, int64_t n_cells, const int32_t* cell_pos,
                          const uint64_t* cell_seq, GgmlType type_k, GgmlType type_v, int64_t n_head,
-                         int64_t n_head_kv, int64_t head_dim, float scale, float* out) {
+                         int64_t n_head_kv, int64_t head_dim, float scale, bool flash, float* out) {
     if (n_tokens <= 0) return;
     if (n_cells <= 0) throw Error("cuda_attention: the cache needs at least one cell");
     const int64_t nkv = n_head_kv * head_dim, nq = n_head * head_dim;
@@ -165,8 +166,31 @@ void cuda_attention_host(const float* q, int64_t n_tokens, const int32_t* pos, c
     a.head_dim = head_dim;
     a.scale = scale;
     a.out = dout.as<float>();
+    if (flash) {
+        a.partial_floats = cuda::flash_partial_floats(head_dim);
+        Buf partial(sizeof(float) * a.partial_floats);
+        a.partial = partial.as<float>();
+        cuda::flash_attention(a);
+        to_host(out, dout, static_cast<size_t>(n_tokens * nq));
+        return;
+    }
     cuda::attention(a);
     to_host(out, dout, static_cast<size_t>(n_tokens * nq));
+}
+
+double cuda_copy_bandwidth(uint64_t bytes, int iters) {
+    if (bytes == 0 || iters <= 0) throw Error("cuda_copy_bandwidth: bytes and iters must be > 0");
+    Buf a(bytes), b(bytes);
+    cuda::check(cudaMemset(a.as<void>(), 1, bytes), "cudaMemset (bandwidth probe)");
+    cuda::check(cudaMemcpy(b.as<void>(), a.as<void>(), bytes, cudaMemcpyDeviceToDevice), "device copy");
+    cuda::check(cudaDeviceSynchronize(), "bandwidth probe");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i)
+        cuda::check(cudaMemcpyAsync(b.as<void>(), a.as<void>(), bytes, cudaMemcpyDeviceToDevice, nullptr),
+                    "device copy");
+    cuda::check(cudaDeviceSynchronize(), "bandwidth probe");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return 2.0 * static_cast<double>(bytes) * iters / s;
 }
 
 }  // namespace bonsai

@@ -54,11 +54,12 @@ void store_kv_rows(const float* src, int64_t n_tokens, int64_t n, const int32_t*
     if (n_tokens <= 0) return;
     if (row_bytes != type_row_bytes(type, n)) throw Error("CUDA store_kv_rows: row size does not match the cache type");
     if (type == TYPE_F16) {
-        store_f16_kernel<<<stride_blocks(n_tokens * n), kThreads>>>(src, n_tokens, n, cells, base, row_bytes);
+        store_f16_kernel<<<stride_blocks(n_tokens * n), kThreads, 0, stream()>>>(src, n_tokens, n, cells, base,
+                                                                                 row_bytes);
         check_launch("store_f16_kernel");
     } else if (type == TYPE_Q8_0 && n % QK8_0 == 0) {
-        store_q8_0_kernel<<<stride_blocks(n_tokens * (n / QK8_0)), kThreads>>>(src, n_tokens, n, cells, base,
-                                                                                row_bytes);
+        store_q8_0_kernel<<<stride_blocks(n_tokens * (n / QK8_0)), kThreads, 0, stream()>>>(src, n_tokens, n, cells,
+                                                                                            base, row_bytes);
         check_launch("store_q8_0_kernel");
     } else {
         throw Error("CUDA store_kv_rows: the KV cache type must be F16 or Q8_0 (with rows a multiple of 32)");

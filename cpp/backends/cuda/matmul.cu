@@ -102,15 +102,14 @@ void check_matrix(const DeviceMatrix& w) {
                     std::to_string(w.cols) + " (row bytes " + std::to_string(w.row_bytes) + ")");
 }
 
-}  // namespace
-
-void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, ActMode mode, const ActScratch& s) {
+void run_matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, ActMode mode, const ActScratch& s,
+                bool quantize) {
     check_matrix(w);
     if (n_tokens <= 0) return;
     const int64_t groups = (n_tokens + kTT - 1) / kTT;
     if (mode == ActMode::FLOAT || is_float_type(w.type)) {
-        matmul_float_kernel<<<grid_for(w.rows * groups, "matmul"), kMatThreads>>>(w.type, w.data, w.rows, w.cols,
-                                                                                   w.row_bytes, x, n_tokens, y);
+        matmul_float_kernel<<<grid_for(w.rows * groups, "matmul"), kMatThreads, 0, stream()>>>(
+            w.type, w.data, w.rows, w.cols, w.row_bytes, x, n_tokens, y);
         check_launch("matmul_float_kernel");
         return;
     }
@@ -121,11 +120,27 @@ void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, A
     if (smem > kSmemLimit)
         throw Error("CUDA matmul: rows of " + std::to_string(w.cols) + " columns (" + std::to_string(nb) +
                     " blocks) exceed the kernel's shared-memory limit");
-    quantize_act(x, n_tokens, w.cols, s);
+    if (quantize)
+        quantize_act(x, n_tokens, w.cols, s);
+    else
+        check_act_scratch(n_tokens, w.cols, s);
     const int64_t tgroups = (n_tokens + tt - 1) / tt;
-    matmul_int8_kernel<<<grid_for(w.rows * tgroups, "matmul"), kMatThreads, smem>>>(
+    matmul_int8_kernel<<<grid_for(w.rows * tgroups, "matmul"), kMatThreads, smem, stream()>>>(
         w.type, w.data, w.rows, w.cols, w.row_bytes, s.q, s.scale, n_tokens, static_cast<int>(tt), y);
     check_launch("matmul_int8_kernel");
+}
+
+}  // namespace
+
+bool int8_path(const DeviceMatrix& w, ActMode mode) { return mode == ActMode::INT8 && !is_float_type(w.type); }
+
+void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, ActMode mode, const ActScratch& s) {
+    run_matmul(w, x, n_tokens, y, mode, s, true);
+}
+
+void matmul_quantized(const DeviceMatrix& w, int64_t n_tokens, float* y, const ActScratch& s) {
+    if (!int8_path(w, ActMode::INT8)) throw Error("CUDA matmul_quantized: the weight type has no INT8 path");
+    run_matmul(w, nullptr, n_tokens, y, ActMode::INT8, s, false);
 }
 
 }  // namespace bonsai::cuda

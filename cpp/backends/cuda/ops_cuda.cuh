@@ -1,7 +1,8 @@
 // The CUDA twins of the engine's ops, on device pointers (one file per op, same basename as the
 // CPU backend: act_quant.cu, matmul.cu, norm.cu, rope.cu, activation.cu, attention.cu, get_rows.cu,
-// kv_cache.cu). Each entry validates its arguments, launches on the default stream and checks the
-// launch; results are ready for the next launch on that stream (copies back synchronize).
+// kv_cache.cu). Each entry validates its arguments, launches on cuda::stream() (cuda_common.cuh:
+// the default stream or the stream of a StreamScope) and checks the launch, without any
+// synchronizing call, so that a step can be captured into a CUDA graph.
 //
 // Activations are row-major float32 [n_tokens, n], as on the CPU.
 #pragma once
@@ -34,17 +35,27 @@ struct ActScratch {
 // act_quant.cu: per-token absmax INT8 quantization, bit-identical to cpu::quantize_act_token's q
 // and scale (see cpp/backends/cpu/act_quant.h).
 void quantize_act(const float* x, int64_t n_tokens, int64_t cols, const ActScratch& s);
+// Throws unless n_tokens x cols activations fit the scratch.
+void check_act_scratch(int64_t n_tokens, int64_t cols, const ActScratch& s);
 
 // matmul.cu: y[t*rows + r] = sum_k W[r,k] x[t*cols + k]. INT8 mode for quantized weights: exact
 // int32 per block, fma over the blocks in order, times the token scale (the CPU's operation
 // order); FLOAT mode and F32/F16/BF16 weights: f32 dot products.
 void matmul(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, ActMode mode,
             const ActScratch& s);
+// True when matmul of w in this mode runs the INT8 path (quantized weights, INT8 mode).
+bool int8_path(const DeviceMatrix& w, ActMode mode);
+// The INT8 path over activations already quantized into s (by rms_norm_quantize): several
+// matrices reading one normalised input share one quantization.
+void matmul_quantized(const DeviceMatrix& w, int64_t n_tokens, float* y, const ActScratch& s);
 
 // norm.cu: y[r] = x[src(r)] / sqrt(mean(x[src(r)]^2) + eps) * w for n_rows rows of n, where
 // src(r) = rows[r] when `rows` is given (device int32), else r. y may alias x when rows is null.
 void rms_norm(const float* x, const int32_t* rows, const float* w, int64_t n_rows, int64_t n, float eps,
               float* y);
+// rms_norm (no row list, y != x) that also leaves y quantized in s, as quantize_act(y) would.
+void rms_norm_quantize(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y,
+                       const ActScratch& s);
 
 // rope.cu: rotates the first n_rot dims of each head of x [n_tokens, n_head * head_dim] in place
 // with the per-token table cos_sin [n_tokens, n_rot] (built on the host by rope_table).
@@ -71,7 +82,8 @@ struct AttentionDev {
     const uint64_t* seq_mask = nullptr; // [n_tokens]
     const int32_t* cell_pos = nullptr;  // [n_used]
     const uint64_t* cell_seq = nullptr; // [n_used]
-    int64_t n_used = 0;
+    int64_t n_used = 0;                 // cells; with n_used_dev: the capacity the grid is sized for
+    const int32_t* n_used_dev = nullptr;  // optional device count of this step (<= n_used)
     const uint8_t* k = nullptr;         // this layer's K rows, k_row_bytes apart
     const uint8_t* v = nullptr;
     size_t k_row_bytes = 0, v_row_bytes = 0;
@@ -79,9 +91,25 @@ struct AttentionDev {
     int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
     float scale = 1.0f;
     float* out = nullptr;               // [n_tokens, n_head * head_dim]
+    float* partial = nullptr;           // flash only: split partials, partial_floats floats
+    int64_t partial_floats = 0;
 };
 constexpr int64_t kMaxHeadDim = 256;
+// The cells a kernel reads: min(*n_used_dev, n_used), or n_used.
+__device__ __forceinline__ int64_t used_cells(const AttentionDev& a) {
+    if (a.n_used_dev == nullptr) return a.n_used;
+    const int64_t n = *a.n_used_dev;
+    return n < a.n_used ? n : a.n_used;
+}
+// Throws unless the head shape and the cache types are supported (both kernels).
+void check_attention_shape(const AttentionDev& a);
 void attention(const AttentionDev& a);
+
+// flash_attention.cu: the same result with K/V tiles in shared memory shared by a GQA group and,
+// for few query tokens, the cells split across blocks (partials merged by a second kernel).
+// `partial` must hold flash_partial_floats(head_dim) floats (enough for every grid it picks).
+void flash_attention(const AttentionDev& a);
+int64_t flash_partial_floats(int64_t head_dim);
 
 // get_rows.cu: out[i*cols + k] = W[ids[i], k] dequantized (ids on the device, already checked).
 void get_rows(const DeviceMatrix& w, const int32_t* ids, int64_t n, float* out);

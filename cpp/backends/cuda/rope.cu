@@ -36,7 +36,7 @@ void rope(float* x, int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t 
                     std::to_string(head_dim));
     const int64_t total = n_tokens * n_head * (n_rot / 2);
     if (total <= 0) return;
-    rope_kernel<<<stride_blocks(total), kThreads>>>(x, n_tokens, n_head, head_dim, n_rot, neox, cos_sin);
+    rope_kernel<<<stride_blocks(total), kThreads, 0, stream()>>>(x, n_tokens, n_head, head_dim, n_rot, neox, cos_sin);
     check_launch("rope_kernel");
 }
 

@@ -41,7 +41,7 @@ struct RunOptions {
     GgmlType cache_type_k = TYPE_F16;  // TYPE_F16 or TYPE_Q8_0
     GgmlType cache_type_v = TYPE_F16;
     bool flash_attn = false;
-    bool cuda_graph = false;
+    bool cuda_graph = true;
     bool use_mmap = true;         // false with --no-mmap
     int32_t parallel = 1;         // independent sequences decoded together
     int32_t batch_size = 512;     // -b: prompt tokens per forward pass

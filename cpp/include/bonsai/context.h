@@ -29,6 +29,7 @@ struct ContextParams {
     GgmlType type_v = TYPE_F16;
     ActMode act_mode = ActMode::INT8;  // activations of the matmuls: per-token INT8 or float
     bool flash_attn = false;           // one-pass online-softmax attention
+    bool cuda_graph = true;            // GPU layers: replay each step shape as a captured CUDA graph
 };
 
 struct Batch {

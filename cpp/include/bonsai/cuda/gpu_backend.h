@@ -59,9 +59,11 @@ GpuContextMemory gpu_context_plan(const Model& m, const ContextParams& p);
 std::shared_ptr<GpuContext> gpu_context_create(const Model& m, const ContextParams& p);
 GpuContextMemory gpu_context_memory(const GpuContext& c);
 
-// Runs one batch chunk's offloaded layers: uploads st.x (embeddings), the rope table and the
-// token / cell metadata, runs layers [0, n_gpu), then either copies x back (CPU layers follow) or
-// runs the output head and copies the wanted logits into st.logits. Returns n_gpu.
+// Runs one batch chunk's offloaded layers on the context's stream: uploads st.x (embeddings), the
+// rope table and the token / cell metadata (through pinned staging), runs layers [0, n_gpu), then
+// either copies x back (CPU layers follow) or runs the output head and copies the wanted logits
+// into st.logits. With ContextParams::cuda_graph, chunks of up to 64 tokens replay one captured
+// CUDA graph per (n_tokens, n_out) shape (bit-identical to plain launches). Returns n_gpu.
 int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st);
 
 }  // namespace bonsai

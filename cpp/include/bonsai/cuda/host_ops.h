@@ -28,10 +28,16 @@ void cuda_swiglu_host(const float* gate, const float* up, int64_t n, float* out)
 void cuda_store_kv_host(const float* rows, int64_t n_rows, int64_t n, GgmlType type, uint8_t* out);
 // Attention of q [n_tokens, n_head * head_dim] over n_cells cache rows k, v [n_cells, n_head_kv *
 // head_dim] (stored as type_k / type_v first), with cell positions / sequence masks and the
-// tokens' positions / masks; out [n_tokens, n_head * head_dim].
+// tokens' positions / masks; out [n_tokens, n_head * head_dim]. flash selects flash_attention.cu
+// (with a partial buffer of flash_partial_floats) instead of attention.cu.
 void cuda_attention_host(const float* q, int64_t n_tokens, const int32_t* pos, const uint64_t* seq_mask,
                          const float* k, const float* v, int64_t n_cells, const int32_t* cell_pos,
                          const uint64_t* cell_seq, GgmlType type_k, GgmlType type_v, int64_t n_head,
-                         int64_t n_head_kv, int64_t head_dim, float scale, float* out);
+                         int64_t n_head_kv, int64_t head_dim, float scale, bool flash, float* out);
+
+// Device memory bandwidth probe: copies a device buffer of `bytes` to another `iters` times
+// (after one untimed copy) and returns the bytes read + written per second (2 * bytes * iters /
+// wall time between two device synchronizations): the roofline figure of the GPU benchmark.
+double cuda_copy_bandwidth(uint64_t bytes, int iters);
 
 }  // namespace bonsai
