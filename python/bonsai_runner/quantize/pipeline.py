@@ -256,17 +256,19 @@ class Quantizer:
         if o.method == "rtn":
             self.log("--method rtn: round-to-nearest (absmean threshold), no calibration data")
         elif len(lossless) < n_linear:
-            from .calibration import default_calibration_file, load_calibration
+            from .calibration import BUILTIN_SOURCE, load_calibration
 
-            path = o.calib_file or default_calibration_file()
             if o.calib_file is None:
-                self.log(f"no --calib-file: using the built-in calibration set {path}")
-            calib = load_calibration(path, self.tokenizer, o.seq_len, o.max_samples, o.seed,
-                                     self.hp.n_vocab)
+                self.log(f"no --calib-file: using the {BUILTIN_SOURCE} calibration set")
+            calib = load_calibration(o.calib_file, self.tokenizer, o.seq_len, o.max_samples,
+                                     o.seed, self.hp.n_vocab)
             cs = calib.summary()
             self.log(f"calibration: {cs['samples']} samples, {cs['tokens_available']} tokens -> "
                      f"{cs['sequences']} sequences x {cs['seq_len']} tokens; domains "
                      + ", ".join(f"{k} {v:.0%}" for k, v in cs["domains"].items()))
+            if "parts" in cs:
+                self.log("built-in set parts (share of tokens): " + ", ".join(
+                    f"{k} {v['samples']} samples {v['share']:.0%}" for k, v in cs["parts"].items()))
             for wmsg in calib.warnings:
                 self.log(f"warning: {wmsg}")
         elif lossless:
