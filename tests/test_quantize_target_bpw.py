@@ -192,8 +192,8 @@ def test_target_gain_must_be_known(model, calib_file, tmp_path):
                                        target_gain="loss", **FAST), log=lambda m: None)
 
 
-def test_relative_gain_also_reaches_the_budget(model, calib_file, tmp_path):
+def test_output_weighted_gain_also_reaches_the_budget(model, calib_file, tmp_path):
     res = quantize_model(QuantizeOptions(model_dir=str(model["dir"]), output_dir=str(tmp_path / "o"),
                                          calib_file=str(calib_file), target_bpw=2.5,
-                                         target_gain="relative", **FAST), log=lambda m: None)
+                                         target_gain="output", **FAST), log=lambda m: None)
     assert 2.5 <= res["summary"]["bpw_linear"] < 4.0

@@ -45,7 +45,7 @@ from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
 from .sensitivity import HeldOut, output_metrics
 
 METHODS = ("gptq", "rtn")
-TARGET_GAINS = ("output", "relative")    # policy.py: how --target-bpw weighs each tensor's error
+TARGET_GAINS = ("relative", "output")    # policy.py: how --target-bpw weighs each tensor's error
 
 
 @dataclass
@@ -72,7 +72,7 @@ class QuantizeOptions:
     refine_target: str = "float"           # "float": the float model's stream; "block": same x
     float_target: bool = False             # GPTQ toward the float model's layer outputs
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
-    target_gain: str = "output"            # --target-bpw gain weight: "output" or "relative"
+    target_gain: str = "relative"          # --target-bpw gain weight: "relative" or "output"
     force: bool = False
     progress: bool = True
 
@@ -447,8 +447,8 @@ class Quantizer:
         """--target-bpw: a float pre-pass over the blocks (one at a time: one forward per batch
         gives the block's stage Hessians and the next block's input) estimates every unpinned
         linear layer's relative output error at every tier by the plain fit (no GPTQ:
-        gptq.plain_fit_errors, policy.py says why that ranks the tiers well enough), weighted by
-        its float output energy (opts.target_gain); then one global greedy promotion
+        gptq.plain_fit_errors, policy.py says why that ranks the tiers well enough), unweighted
+        or weighted by its float output energy (opts.target_gain); then one global greedy promotion
         (policy.promote_to_target). Returns hf name -> (tier, reason or None)."""
         o = self.opts
         chain = PROMOTION[PROMOTION.index(self.policy.ternary):]
@@ -486,7 +486,7 @@ class Quantizer:
             plan[name] = (t, why)
         n_up = sum(1 for _, why in plan.values() if why)
         self.log(f"--target-bpw {o.target_bpw}: {n_up} of {len(plan)} linear tensors promoted "
-                 f"above {base.upper()} (gain weighted by {o.target_gain})")
+                 f"above {base.upper()} (gain: {o.target_gain} output error per bit)")
         return plan
 
     def _store_q8(self, i, key, w, qw, stored, rep, x, reason, pinned) -> None:
