@@ -376,8 +376,10 @@ def test_builtin_calibration_set_and_group_64(models, tmp_path):
                                          seq_len=32, max_samples=8, progress=False),
                          log=logs.append)
     cal = _read_dir(tmp_path / "o").quant_config["calibration"]
-    assert cal["source"].endswith("calibration.jsonl")
+    assert cal["source"].startswith("built-in")
     assert {"code", "prose", "cjk", "math"} <= set(cal["domains"])
+    assert set(cal["parts"]) == {"shipped", "pydoc", "stdlib"}
+    assert any(line.startswith("built-in set parts") for line in logs)
     assert any("small" in w for w in cal["warnings"])
     assert any(line.startswith("warning: calibration set is small") for line in logs)
     assert res["summary"]["tensors_by_type"]["q2_0"] == 12

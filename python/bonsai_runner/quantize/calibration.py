@@ -1,16 +1,37 @@
-"""Calibration text: reading, tokenizing with the model's own tokenizer, packing into sequences.
+"""Calibration text: the built-in set, reading, tokenizing with the model's own tokenizer, packing.
 
 Input: JSONL (one JSON object per line with a string "text" field, and optionally a "domain"
-label) or plain UTF-8 text, in which blank lines separate samples. Each sample is tokenized with the model's tokenizer (tokenizer.json
-through `tokenizers`, else tokenizer.model through `sentencepiece`, with a BOS token when
-tokenizer_config.json asks for one), samples are concatenated and cut into sequences of `seq_len`
-tokens; at most `max_samples` sequences are used, chosen with `seed` when there are more.
+label) or plain UTF-8 text, in which blank lines separate samples. Each sample is tokenized with
+the model's tokenizer (tokenizer.json through `tokenizers`, else tokenizer.model through
+`sentencepiece`, with a BOS token when tokenizer_config.json asks for one), samples are
+concatenated and cut into sequences of `seq_len` tokens; at most `max_samples` sequences are used,
+chosen with `seed` when there are more.
 
-The report states the number of samples, tokens and sequences and the domain mix. A sample's
-domain is its "domain" label when the JSONL gives one, else a heuristic: "code" when many lines look like code (indentation, braces, keywords,
-`;` endings), "cjk" when a third of its letters are CJK, else "prose". Warnings: fewer than 16
-sequences or 8192 tokens ("too small"), or one domain holding more than 90% of the tokens ("too
-narrow").
+The built-in set (no --calib-file) must supply the default 128 sequences x 512 tokens, so it is
+assembled at run time from three parts that need no download (`default_samples`):
+  shipped  data/calibration.jsonl, written for this project: 53 labelled samples (~12,500
+           characters: code, prose, math, Chinese/Japanese/Korean, chat, Spanish/French/German/
+           Russian), all of them, once (not upweighted);
+  pydoc    the Python language and library reference topics every CPython ships for `help()`
+           (`pydoc_data.topics.topics`, ~465,000 characters of English technical prose with
+           short code examples), cut into samples of ~3,000 characters at paragraph breaks,
+           labelled "prose"; PROSE_CHARS of them are taken;
+  stdlib   the source of a fixed list of standard-library modules (STDLIB_MODULES under
+           `sysconfig.get_paths()["stdlib"]`), cut the same way, labelled "code"; CODE_CHARS of
+           them are taken, so code stays near 40% of the tokens (~4.4 characters per token
+           with Qwen2.5's tokenizer for both parts: ~97,000 tokens, ~190 sequences of 512).
+The pools are built in a fixed order; `seed` chooses which chunks fill each budget and the order
+in which all samples are concatenated, so the set is deterministic for a given seed. A part that
+is missing (some distributions strip pydoc_data or the stdlib sources) is reported as a warning
+and the set goes on with the others at their own budgets (nothing is upweighted). None of this
+text overlaps data/eval.txt, the evaluation text (tests/test_quantize_calibration.py checks it).
+
+The report states the number of samples, tokens and sequences, the domain mix and, for the
+built-in set, each part's share of the tokens. A sample's domain is its "domain" label when the
+JSONL gives one, else a heuristic: "code" when many lines look like code (indentation, braces,
+keywords, `;` endings), "cjk" when a third of its letters are CJK, else "prose". Warnings: fewer
+than 16 sequences or 8192 tokens ("too small"), or one domain holding more than 90% of the
+tokens ("too narrow").
 """
 
 from __future__ import annotations
@@ -33,8 +54,117 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _LETTER = re.compile(r"\w")
 
 
+PROSE_CHARS = 240_000
+CODE_CHARS = 170_000
+CHUNK_CHARS = 3_000
+BUILTIN_SOURCE = "built-in (data/calibration.jsonl + pydoc topics + stdlib source)"
+STDLIB_MODULES = (
+    "argparse", "ast", "base64", "bisect", "calendar", "collections", "configparser",
+    "contextlib", "copy", "csv", "dataclasses", "datetime", "difflib", "enum", "fractions",
+    "functools", "gettext", "heapq", "inspect", "ipaddress", "json.decoder", "json.encoder",
+    "logging", "operator", "optparse", "os", "pathlib", "pprint", "queue", "random", "shlex",
+    "shutil", "statistics", "string", "tempfile", "textwrap", "threading", "tokenize", "typing",
+    "uuid", "zipfile")
+
+
 def default_calibration_file() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "calibration.jsonl"
+
+
+def _pydoc_topics() -> dict[str, str] | None:
+    """The pydoc reference topics, or None when this Python has no pydoc_data."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        return None
+    return topics if isinstance(topics, dict) and topics else None
+
+
+def _stdlib_dir() -> Path | None:
+    import sysconfig
+
+    d = sysconfig.get_paths().get("stdlib")
+    return Path(d) if d and Path(d).is_dir() else None
+
+
+def _module_file(stdlib: Path, module: str) -> Path | None:
+    base = stdlib.joinpath(*module.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def split_chunks(text: str, size: int = CHUNK_CHARS) -> list[str]:
+    """Consecutive pieces of ~`size` characters cut at blank lines; a paragraph longer than
+    `size` is cut at line ends. Pieces are stripped of blank lines at their ends; empty ones drop."""
+    units = []
+    for para in re.split(r"\n\s*\n", text):
+        if len(para) <= size:
+            units.append(para)
+            continue
+        cur, n = [], 0
+        for ln in para.split("\n"):
+            if cur and n + len(ln) > size:
+                units.append("\n".join(cur))
+                cur, n = [], 0
+            cur.append(ln)
+            n += len(ln) + 1
+        units.append("\n".join(cur))
+    out, cur, n = [], [], 0
+    for u in units:
+        if cur and n + len(u) > size:
+            out.append("\n\n".join(cur))
+            cur, n = [], 0
+        cur.append(u)
+        n += len(u) + 2
+    if cur:
+        out.append("\n\n".join(cur))
+    return [c.strip("\n") for c in out if c.strip()]
+
+
+def _take(pool: list[str], budget: int, rng) -> list[str]:
+    """Chunks of `pool` in the order of a seeded permutation until `budget` characters."""
+    out, n = [], 0
+    for i in rng.permutation(len(pool)):
+        if n >= budget:
+            break
+        out.append(pool[i])
+        n += len(pool[i])
+    return out
+
+
+def default_samples(seed: int) -> tuple[list[tuple[str, str, str]], dict, list[str]]:
+    """The built-in calibration set (see the file header): ([(text, domain, part)], part ->
+    {"samples", "chars"}, warnings about missing parts)."""
+    rng = np.random.default_rng(seed)
+    samples = [(t, d or classify(t), "shipped") for t, d in read_samples(default_calibration_file())]
+    warnings = []
+    topics = _pydoc_topics()
+    if topics is None:
+        warnings.append("this Python has no pydoc_data (some distributions strip it): the "
+                        "built-in calibration set goes on without its English reference prose")
+    else:
+        pool = [c for k in sorted(topics) for c in split_chunks(str(topics[k]))]
+        samples += [(c, "prose", "pydoc") for c in _take(pool, PROSE_CHARS, rng)]
+    stdlib = _stdlib_dir()
+    files = [] if stdlib is None else [f for m in STDLIB_MODULES
+                                       if (f := _module_file(stdlib, m)) is not None]
+    if not files:
+        warnings.append("this Python has no standard-library sources (some distributions ship "
+                        "only .pyc files): the built-in calibration set goes on without its code "
+                        "part")
+    else:
+        pool = [c for f in files for c in split_chunks(f.read_text(encoding="utf-8",
+                                                                    errors="replace"))]
+        samples += [(c, "code", "stdlib") for c in _take(pool, CODE_CHARS, rng)]
+    samples = [samples[i] for i in rng.permutation(len(samples))]
+    parts: dict[str, dict] = {}
+    for text, _, part in samples:
+        p = parts.setdefault(part, {"samples": 0, "chars": 0})
+        p["samples"] += 1
+        p["chars"] += len(text)
+    return samples, dict(sorted(parts.items())), warnings
 
 
 def read_samples(path: str | Path) -> list[tuple[str, str | None]]:
@@ -133,31 +263,46 @@ class CalibrationSet:
     domains: dict[str, float]             # share of tokens per domain
     source: str
     warnings: list[str] = field(default_factory=list)
+    parts: dict[str, dict] | None = None  # built-in set: part -> samples, chars, tokens, share
 
     def summary(self) -> dict:
-        return {"source": self.source, "samples": self.n_samples,
-                "tokens_available": self.n_tokens_total, "sequences": int(self.tokens.shape[0]),
-                "seq_len": int(self.tokens.shape[1]), "tokens_used": int(self.tokens.size),
-                "domains": self.domains, "warnings": list(self.warnings)}
+        out = {"source": self.source, "samples": self.n_samples,
+               "tokens_available": self.n_tokens_total, "sequences": int(self.tokens.shape[0]),
+               "seq_len": int(self.tokens.shape[1]), "tokens_used": int(self.tokens.size),
+               "domains": self.domains, "warnings": list(self.warnings)}
+        if self.parts is not None:
+            out["parts"] = self.parts
+        return out
 
 
-def load_calibration(path: str | Path, tokenizer: Tokenizer, seq_len: int, max_samples: int,
-                     seed: int, n_vocab: int) -> CalibrationSet:
+def load_calibration(path: str | Path | None, tokenizer: Tokenizer, seq_len: int,
+                     max_samples: int, seed: int, n_vocab: int) -> CalibrationSet:
+    """Tokenized, packed calibration sequences of a file, or of the built-in set when path is
+    None."""
     if seq_len < 2:
         raise BonsaiError(f"--seq-len {seq_len}: must be at least 2")
     if max_samples < 1:
         raise BonsaiError(f"--max-samples {max_samples}: must be at least 1")
-    samples = read_samples(path)
+    warnings: list[str] = []
+    parts = None
+    if path is None:
+        samples, parts, warnings = default_samples(seed)
+        source = BUILTIN_SOURCE
+    else:
+        samples = [(t, d, None) for t, d in read_samples(path)]
+        source = str(path)
     stream: list[int] = []
     per_domain: dict[str, int] = {}
-    for s, label in samples:
+    for s, label, part in samples:
         ids = tokenizer.encode(s)
         stream.extend(ids)
         dom = label or classify(s)
         per_domain[dom] = per_domain.get(dom, 0) + len(ids)
+        if parts is not None:
+            parts[part]["tokens"] = parts[part].get("tokens", 0) + len(ids)
     total = len(stream)
     if total < seq_len:
-        raise BonsaiError(f"calibration file {path}: {total} tokens, fewer than one sequence of "
+        raise BonsaiError(f"calibration file {source}: {total} tokens, fewer than one sequence of "
                           f"--seq-len {seq_len}; give more text or lower --seq-len")
     arr = np.asarray(stream, dtype=np.int64)
     if arr.max(initial=0) >= n_vocab:
@@ -169,7 +314,9 @@ def load_calibration(path: str | Path, tokenizer: Tokenizer, seq_len: int, max_s
         pick = np.sort(np.random.default_rng(seed).choice(n_seq, size=max_samples, replace=False))
         seqs = seqs[pick]
     domains = {k: round(v / total, 4) for k, v in sorted(per_domain.items())}
-    warnings = []
+    if parts is not None:
+        for p in parts.values():
+            p["share"] = round(p.get("tokens", 0) / total, 4)
     if seqs.shape[0] < MIN_SEQUENCES or seqs.size < MIN_TOKENS:
         warnings.append(f"calibration set is small ({seqs.shape[0]} sequences, {seqs.size} "
                         f"tokens; at least {MIN_SEQUENCES} sequences and {MIN_TOKENS} tokens are "
@@ -178,4 +325,4 @@ def load_calibration(path: str | Path, tokenizer: Tokenizer, seq_len: int, max_s
     if top[1] > NARROW_SHARE:
         warnings.append(f"calibration set is narrow: {top[1]:.0%} of its tokens are {top[0]}; mix "
                         "in code, prose and other languages the model will see")
-    return CalibrationSet(seqs, len(samples), total, domains, str(path), warnings)
+    return CalibrationSet(seqs, len(samples), total, domains, source, warnings, parts)

@@ -89,7 +89,9 @@ def output_error(w: np.ndarray, q: np.ndarray, H: np.ndarray) -> float:
 
 
 def _error_meter(w: np.ndarray, H: np.ndarray):
-    """output_error(w, q, H) as a function of q, with W H computed once."""
+    """(output_error(w, q, H) as a function of q, tr(W H W^T)), with W H computed once.
+
+    tr(W H W^T) = 2 ||W X||^2 / tokens is the layer's float output energy per token."""
     w64 = w.astype(np.float64)
     WH = w64 @ H
     ww = float((WH * w64).sum())
@@ -98,7 +100,34 @@ def _error_meter(w: np.ndarray, H: np.ndarray):
         q64 = q.astype(np.float64)
         e2 = ww - 2.0 * float((WH * q64).sum()) + float(((q64 @ H) * q64).sum())
         return float(np.sqrt(max(e2, 0.0) / ww)) if ww > 0 else 0.0
-    return err
+    return err, ww
+
+
+def plain_fit(w: np.ndarray, H: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of the plain per-group fit, no error feedback: the exact ternary fit under
+    the Hessian diagonal for the ternary tiers, the type's own rounding rule for Q4_0 / Q8_0."""
+    g = grid(tier)
+    if g.ternary:
+        from .ternary_fit import fit_ternary_matrix
+
+        return fit_ternary_matrix(w, g.group, np.maximum(np.diag(H), 0.0))
+    return quantize_rtn(w, g)
+
+
+def plain_fit_errors(w: np.ndarray, H: np.ndarray, tiers) -> tuple[dict[str, float], float]:
+    """({tier: relative layer-output error of the plain fit}, tr(W H W^T)).
+
+    The cheap per-tier estimate of --target-bpw's pre-pass: one plain fit and one matrix product
+    per tier instead of a GPTQ sweep and a refit (Qwen2.5-0.5B down_proj, 896 x 4864: 8.8 s for
+    all four tiers against 28 s for GPTQ + refit at PTQ1_0 alone). GPTQ + refit lower a layer's
+    error by a similar factor at every tier (policy.py gives the measured factors), so the
+    plain-fit errors rank a layer's tiers the way the final errors would."""
+    err_of, ww = _error_meter(w, H)
+    out = {}
+    for t in tiers:
+        codes, scales = plain_fit(w, H, t)
+        out[t] = err_of(dequantize(codes, scales, grid(t).group))
+    return out, ww
 
 
 def _upper_inverse_cholesky(H: np.ndarray) -> np.ndarray:
@@ -267,14 +296,8 @@ class LayerResult:
 def quantize_layer(w: np.ndarray, H: np.ndarray, tier: str, damp: float = 0.01) -> LayerResult:
     """Plain fit (for the log), GPTQ sweep, then least-squares scale refit; keeps the best."""
     g = grid(tier)
-    h = np.maximum(np.diag(H), 0.0)
-    if g.ternary:
-        from .ternary_fit import fit_ternary_matrix
-
-        pc, ps = fit_ternary_matrix(w, g.group, h)
-    else:
-        pc, ps = quantize_rtn(w, g)
-    err_of = _error_meter(w, H)
+    pc, ps = plain_fit(w, H, tier)
+    err_of, _ = _error_meter(w, H)
     err_plain = err_of(dequantize(pc, ps, g.group))
     codes, scales = quantize_gptq(w, H, g, damp)
     err_gptq = err_of(dequantize(codes, scales, g.group))

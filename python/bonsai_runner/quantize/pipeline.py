@@ -6,8 +6,9 @@ Order of work (each step fails with one clear error before anything is written):
 2. scan the linear weights for already-ternary ones (convert/ternary.py): those are packed
    losslessly; when every linear weight is, no calibration is needed at all;
 3. tokenize the calibration set (calibration.py);
-4. with --target-bpw, a float pre-pass (block by block) measures every unpinned linear layer at
-   every tier on its float inputs, and one global greedy promotion fixes the tiers (policy.py);
+4. with --target-bpw, a float pre-pass (block by block) estimates every unpinned linear layer's
+   output error at every tier by the plain fit (no GPTQ) on its float inputs, and one global
+   greedy promotion fixes the tiers (policy.py); the main pass then runs GPTQ at that one tier;
 5. embed the calibration tokens, then block by block (only that block's weights and the
    calibration hidden states in memory, loaded through `BlockLoader`):
    a. stage by stage (q/k/v, o, gate/up, down: block_forward.STAGES) accumulate the Hessian of the
@@ -37,13 +38,14 @@ import numpy as np
 from ..errors import BonsaiError
 from .block_forward import (HF_KEYS, INPUT_OF, LINEARS, STAGES, BlockConfig, block_forward,
                             forward_batched)
-from .gptq import (LayerResult, grid, quantize_absmean, quantize_layer, quantize_rtn,
-                   reference_codes)
+from .gptq import (LayerResult, grid, plain_fit_errors, quantize_absmean, quantize_layer,
+                   quantize_rtn, reference_codes)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
 from .sensitivity import HeldOut, output_metrics
 
 METHODS = ("gptq", "rtn")
+TARGET_GAINS = ("relative", "output")    # policy.py: how --target-bpw weighs each tensor's error
 
 
 @dataclass
@@ -70,6 +72,7 @@ class QuantizeOptions:
     refine_target: str = "float"           # "float": the float model's stream; "block": same x
     float_target: bool = False             # GPTQ toward the float model's layer outputs
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
+    target_gain: str = "relative"          # --target-bpw gain weight: "relative" or "output"
     force: bool = False
     progress: bool = True
 
@@ -142,6 +145,23 @@ def _hessian_of(x_all, w, cfg, batch, wanted: str) -> np.ndarray:
     return 2.0 * H / max(n, 1)
 
 
+def _stage_hessians(x_all, w, cfg, batch, wanted) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """({name: H = 2 X^T X / tokens} for the activations in `wanted`, the block output), from ONE
+    forward of x_all through block w."""
+    acc: dict[str, np.ndarray] = {}
+    n = {k: 0 for k in wanted}
+
+    def cap(name, a):
+        if name in wanted:
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            xtx = (a.T @ a).astype(np.float64)
+            acc[name] = xtx if name not in acc else acc[name] + xtx
+            n[name] += a.shape[0]
+
+    out = forward_batched(x_all, w, cfg, batch, cap)
+    return {k: 2.0 * acc[k] / max(n[k], 1) for k in acc}, out
+
+
 def _lossless_ternary(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
     g = grid(tier).group
     rows, cols = w.shape
@@ -193,6 +213,8 @@ class Quantizer:
                                      or opts.calib_steps or opts.calib_file):
             raise BonsaiError("--method rtn uses no calibration data: it cannot be combined with "
                               "--calib-file, --calib-steps, --sensitivity-analysis or --target-bpw")
+        if opts.target_gain not in TARGET_GAINS:
+            raise BonsaiError(f"target_gain {opts.target_gain!r}: one of {', '.join(TARGET_GAINS)}")
         if opts.refine_target not in ("float", "block"):
             raise BonsaiError(f"--refine-target {opts.refine_target!r}: float or block")
         if not 0.0 < opts.threshold <= 1.0:
@@ -256,17 +278,19 @@ class Quantizer:
         if o.method == "rtn":
             self.log("--method rtn: round-to-nearest (absmean threshold), no calibration data")
         elif len(lossless) < n_linear:
-            from .calibration import default_calibration_file, load_calibration
+            from .calibration import BUILTIN_SOURCE, load_calibration
 
-            path = o.calib_file or default_calibration_file()
             if o.calib_file is None:
-                self.log(f"no --calib-file: using the built-in calibration set {path}")
-            calib = load_calibration(path, self.tokenizer, o.seq_len, o.max_samples, o.seed,
-                                     self.hp.n_vocab)
+                self.log(f"no --calib-file: using the {BUILTIN_SOURCE} calibration set")
+            calib = load_calibration(o.calib_file, self.tokenizer, o.seq_len, o.max_samples,
+                                     o.seed, self.hp.n_vocab)
             cs = calib.summary()
             self.log(f"calibration: {cs['samples']} samples, {cs['tokens_available']} tokens -> "
                      f"{cs['sequences']} sequences x {cs['seq_len']} tokens; domains "
                      + ", ".join(f"{k} {v:.0%}" for k, v in cs["domains"].items()))
+            if "parts" in cs:
+                self.log("built-in set parts (share of tokens): " + ", ".join(
+                    f"{k} {v['samples']} samples {v['share']:.0%}" for k, v in cs["parts"].items()))
             for wmsg in calib.warnings:
                 self.log(f"warning: {wmsg}")
         elif lossless:
@@ -420,30 +444,35 @@ class Quantizer:
         return tiers, reasons
 
     def _plan_target_bpw(self, calib, lossless, tqdm) -> dict[str, tuple[str, str | None]]:
-        """--target-bpw: a float pre-pass over the blocks (one at a time) measures every unpinned
-        linear layer at every tier on its float calibration inputs; then one global greedy
-        promotion (policy.promote_to_target). Returns hf name -> (tier, reason or None)."""
+        """--target-bpw: a float pre-pass over the blocks (one at a time: one forward per batch
+        gives the block's stage Hessians and the next block's input) estimates every unpinned
+        linear layer's relative output error at every tier by the plain fit (no GPTQ:
+        gptq.plain_fit_errors, policy.py says why that ranks the tiers well enough), unweighted
+        or weighted by its float output energy (opts.target_gain); then one global greedy promotion
+        (policy.promote_to_target). Returns hf name -> (tier, reason or None)."""
         o = self.opts
         chain = PROMOTION[PROMOTION.index(self.policy.ternary):]
         embed = self.loader.read("model.embed_tokens.weight")
         x = embed[calib.tokens].astype(np.float32)
         del embed
         items = {}
-        bar = tqdm(range(self.hp.n_layer), desc="measuring tiers (--target-bpw)", unit="block",
+        bar = tqdm(range(self.hp.n_layer), desc="estimating tiers (--target-bpw)", unit="block",
                    disable=not o.progress, file=sys.stderr)
         for i in bar:
             w = self.loader.load_block(i)
-            for stage in STAGES:
-                H = _hessian_of(x, w, self.cfg, o.batch_size, INPUT_OF[stage[0]])
-                for key in stage:
-                    name = f"model.layers.{i}.{HF_KEYS[key]}"
-                    t, pin = self.types[name]
-                    fixed = lossless.get(name) if not pin else t
-                    err = {} if fixed else {tt: quantize_layer(w[key], H, tt, o.damp).err
-                                            for tt in chain}
-                    items[name] = {"params": w[key].size, "pinned": fixed, "err": err}
-            x = forward_batched(x, w, self.cfg, o.batch_size)
-            del w
+            todo = {}
+            for key in LINEARS:
+                name = f"model.layers.{i}.{HF_KEYS[key]}"
+                t, pin = self.types[name]
+                todo[key] = (name, lossless.get(name) if not pin else t)
+            wanted = {INPUT_OF[k] for k, (_, fixed) in todo.items() if not fixed}
+            Hs, x = _stage_hessians(x, w, self.cfg, o.batch_size, wanted)
+            for key, (name, fixed) in todo.items():
+                err, energy = ({}, 1.0) if fixed else plain_fit_errors(w[key], Hs[INPUT_OF[key]],
+                                                                       chain)
+                items[name] = {"params": w[key].size, "pinned": fixed, "err": err,
+                               "weight": energy if o.target_gain == "output" else 1.0}
+            del w, Hs
         bar.close()
         choice = promote_to_target(o.target_bpw, items, self.policy.ternary)
         base = self.policy.ternary
@@ -452,9 +481,12 @@ class Quantizer:
             it = items[name]
             why = None
             if it["pinned"] is None and t != base:
-                why = (f"target-bpw {o.target_bpw}: promoted to {t.upper()} (rel err "
+                why = (f"target-bpw {o.target_bpw}: promoted to {t.upper()} (plain-fit rel err "
                        f"{it['err'][base]:.4f} at {base.upper()} -> {it['err'][t]:.4f})")
             plan[name] = (t, why)
+        n_up = sum(1 for _, why in plan.values() if why)
+        self.log(f"--target-bpw {o.target_bpw}: {n_up} of {len(plan)} linear tensors promoted "
+                 f"above {base.upper()} (gain: {o.target_gain} output error per bit)")
         return plan
 
     def _store_q8(self, i, key, w, qw, stored, rep, x, reason, pinned) -> None:

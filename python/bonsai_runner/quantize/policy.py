@@ -13,10 +13,26 @@ neither the sensitivity threshold nor --target-bpw changes them.
 --target-bpw B (greedy, over the whole model): every unpinned linear layer starts at the ternary
 tier; while the linear-layer average is below B, the tensor whose next tier in PTQ1_0 -> Q2_0
 (g64) -> Q4_0 -> Q8_0 buys the largest drop of its estimated loss per extra bit is promoted. The
-estimated loss of a tensor at a tier is its relative layer-output error squared, measured by the
-pipeline on the float model's calibration inputs (a pre-pass, one block at a time). B below the
-all-ternary average, or above all-Q8_0, is an error. Pinned tensors keep their type but count in
-the average.
+estimated loss of a tensor at a tier is weight x (relative layer-output error)^2, where
+  - the relative error is that of the PLAIN per-group fit (exact ternary fit under the Hessian
+    diagonal, or the Q4_0/Q8_0 rounding rule; gptq.plain_fit_errors), measured by the pipeline's
+    pre-pass on the float model's calibration inputs, one block at a time. It is not the error
+    GPTQ will reach: GPTQ + refit at every tier of every layer would cost four times the
+    quantization itself (a down_proj alone ~30 s per tier on 2 cores), and GPTQ lowers a layer's
+    error by a similar factor at every tier (Qwen2.5-0.5B block 0, final / plain: q_proj
+    0.28-0.35, k 0.36-0.41, v 0.48-0.55, o 0.27-0.47, gate 0.48-0.61, up 0.48-0.64; median 0.47
+    over the 25 layer-tiers measured), so the plain-fit errors keep the greedy ORDER of a
+    layer's tiers. Across layers that factor varies (0.27-0.64), which the estimate ignores;
+  - the weight says how much the layer's output matters. Default ("relative"): 1, every
+    layer's relative error counts the same. "output" (QuantizeOptions.target_gain): tr(W H W^T),
+    the float layer's output energy on the calibration data, so weight x rel^2 is the absolute
+    output error ||(W - Q) X||^2 per token. Measured on Qwen2.5-0.5B at --target-bpw 2.5
+    (4 x 512 calibration, both plans quantized by the plain fit): "relative" mean KLD 4.68 on
+    the built-in evaluation text, "output" 7.65 -- the output energy sends the bits to q/k_proj,
+    whose large outputs feed a softmax, and leaves o_proj at PTQ1_0. Items without a "weight"
+    count 1.
+B below the all-ternary average, or above all-Q8_0, is an error. Pinned tensors keep their type
+but count in the average.
 """
 
 from __future__ import annotations
@@ -137,7 +153,7 @@ def check_target(target: float, linear: list[tuple[str, int, str | None]], terna
 
 def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> dict[str, str]:
     """Greedy promotion. items: name -> {"params", "pinned": type|None,
-    "err": {tier: relative output error}}; returns name -> tier."""
+    "err": {tier: relative output error}, optional "weight" (default 1)}; returns name -> tier."""
     chain = PROMOTION[PROMOTION.index(ternary):]
     choice = {n: (it["pinned"] or ternary) for n, it in items.items()}
     total = sum(it["params"] for it in items.values())
@@ -152,7 +168,7 @@ def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> di
                 continue
             cur = choice[n]
             nxt = chain[chain.index(cur) + 1]
-            gain = (it["err"][cur] ** 2 - it["err"][nxt] ** 2) / (
+            gain = it.get("weight", 1.0) * (it["err"][cur] ** 2 - it["err"][nxt] ** 2) / (
                 it["params"] * (tier_bpw(nxt) - tier_bpw(cur)))
             if best_gain is None or gain > best_gain:
                 best, best_gain = n, gain
