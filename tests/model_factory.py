@@ -42,6 +42,15 @@ TRAINING_TEXT = [
     "I've been told he's there; we'll see what they'd say.",
 ]
 
+
+def write_calibration(path: Path, repeats: int = 12) -> Path:
+    """A JSONL calibration file of TRAINING_TEXT, `repeats` numbered copies of every line."""
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(repeats):
+            for t in TRAINING_TEXT:
+                f.write(json.dumps({"text": f"{t} ({i})"}) + "\n")
+    return path
+
 QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                      r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

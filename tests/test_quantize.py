@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from model_factory import TRAINING_TEXT, make_hf_model
+from model_factory import make_hf_model, write_calibration
 
 from bonsai_runner.errors import BonsaiError
 from bonsai_runner.quantize import QuantizeOptions, quantize_model
@@ -46,12 +46,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def calib_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("calib") / "calib.jsonl"
-    with open(p, "w", encoding="utf-8") as f:
-        for i in range(12):
-            for t in TRAINING_TEXT:
-                f.write(json.dumps({"text": f"{t} ({i})"}) + "\n")
-    return p
+    return write_calibration(tmp_path_factory.mktemp("calib") / "calib.jsonl")
 
 
 def opts(model, out, calib, **kw) -> QuantizeOptions:

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from model_factory import TRAINING_TEXT, make_hf_model
+from model_factory import make_hf_model, write_calibration
 
 from bonsai_runner.convert import convert
 from bonsai_runner.convert.hf_reader import HfCheckpoint
@@ -42,12 +42,7 @@ def ggufs(tmp_path_factory):
             files[t] = base / f"{arch}-{t}.gguf"
             convert(str(m["dir"]), str(files[t]), t, progress=False, log=quiet)
         out[arch] = {"model": m, **files}
-    calib = base / "calib.jsonl"
-    with open(calib, "w", encoding="utf-8") as f:
-        for i in range(12):
-            for t in TRAINING_TEXT:
-                f.write(json.dumps({"text": f"{t} ({i})"}) + "\n")
-    out["calib"] = calib
+    out["calib"] = write_calibration(base / "calib.jsonl")
     return out
 
 

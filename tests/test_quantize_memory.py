@@ -8,13 +8,12 @@ processes; the peak resident set of each child (ru_maxrss from wait4) must agree
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
-from model_factory import TRAINING_TEXT, make_hf_model
+from model_factory import make_hf_model, write_calibration
 
 SHAPE = dict(hidden=384, ffn=1024, n_head=6, n_head_kv=6, tokenizer="bpe", arch="llama", seed=2)
 
@@ -37,11 +36,7 @@ def _peak_rss_mib(args: list[str]) -> float:
 
 @pytest.mark.slow
 def test_peak_rss_does_not_grow_with_depth(tmp_path):
-    calib = tmp_path / "calib.jsonl"
-    with open(calib, "w", encoding="utf-8") as f:
-        for i in range(8):
-            for t in TRAINING_TEXT:
-                f.write(json.dumps({"text": f"{t} ({i})"}) + "\n")
+    calib = write_calibration(tmp_path / "calib.jsonl", repeats=8)
     peaks = {}
     for depth in (8, 32):
         m = make_hf_model(tmp_path / f"m{depth}", n_layer=depth, **SHAPE)

@@ -8,12 +8,11 @@ written directory's tensor types for the budget.
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
-from model_factory import TRAINING_TEXT, make_hf_model
+from model_factory import make_hf_model, write_calibration
 
 from bonsai_runner.errors import BonsaiError
 from bonsai_runner.quantize import QuantizeOptions, pipeline, quantize_model
@@ -36,12 +35,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def calib_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("calib") / "calib.jsonl"
-    with open(p, "w", encoding="utf-8") as f:
-        for i in range(12):
-            for t in TRAINING_TEXT:
-                f.write(json.dumps({"text": f"{t} ({i})"}) + "\n")
-    return p
+    return write_calibration(tmp_path_factory.mktemp("calib") / "calib.jsonl")
 
 
 def _errs(p1, q2, q4, q8):

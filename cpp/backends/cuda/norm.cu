@@ -14,12 +14,10 @@ namespace bonsai::cuda {
 
 namespace {
 
-__global__ void rms_norm_kernel(const float* x, const int32_t* __restrict__ rows, const float* __restrict__ w,
-                                int64_t n, float eps, float* y) {
-    __shared__ double red[32];
-    const int64_t r = blockIdx.x;
-    const float* xr = x + (rows ? static_cast<int64_t>(rows[r]) : r) * n;
-    float* yr = y + r * n;
+// y = x * (1 / sqrt(mean(x^2) + eps)) * w for one row (see above); every thread of the block takes
+// part, and y may be x (in-place q/k norms: each thread rewrites only the elements it read).
+__device__ void normalize_row(const float* xr, const float* __restrict__ w, int64_t n, float eps, float* yr,
+                              double* red) {
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
     ss = block_sum(ss, red);
@@ -27,18 +25,20 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* __restrict__ rows
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
+__global__ void rms_norm_kernel(const float* x, const int32_t* __restrict__ rows, const float* __restrict__ w,
+                                int64_t n, float eps, float* y) {
+    __shared__ double red[32];
+    const int64_t r = blockIdx.x;
+    normalize_row(x + (rows ? static_cast<int64_t>(rows[r]) : r) * n, w, n, eps, y + r * n, red);
+}
+
 __global__ void rms_norm_quantize_kernel(const float* x, const float* __restrict__ w, int64_t n, float eps, float* y,
                                          int8_t* q, float* qscale) {
     __shared__ double red[32];
     __shared__ float fred[32];
     const int64_t r = blockIdx.x;
-    const float* xr = x + r * n;
     float* yr = y + r * n;
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
-    ss = block_sum(ss, red);
-    const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + static_cast<double>(eps)));
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+    normalize_row(x + r * n, w, n, eps, yr, red);
     __syncthreads();  // the row is read back by other threads
     quantize_row(yr, n, q + r * n, qscale + r, fred);
 }
