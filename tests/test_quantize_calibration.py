@@ -58,6 +58,18 @@ def test_builtin_set_mix_is_reported(spm_tok):
     json.dumps(s)                                              # goes into quant_config.json
 
 
+def test_builtin_set_always_keeps_the_shipped_sequences(spm_tok):
+    tok, n_vocab = spm_tok
+    shipped = [tok.encode(t) for t, _ in calibration.read_samples(
+        calibration.default_calibration_file())]
+    lead = np.asarray([i for ids in shipped for i in ids][: 4 * 64]).reshape(4, 64)
+    few = load_calibration(None, tok, 64, 4, 11, n_vocab)      # fewer than the shipped ones fill
+    np.testing.assert_array_equal(few.tokens, lead)
+    many = load_calibration(None, tok, 64, 300, 11, n_vocab)
+    np.testing.assert_array_equal(many.tokens[:4], lead)
+    assert len({r.tobytes() for r in many.tokens}) == many.tokens.shape[0]
+
+
 def test_builtin_set_is_deterministic_for_a_seed(spm_tok):
     tok, n_vocab = spm_tok
     a = load_calibration(None, tok, 256, 64, 7, n_vocab)

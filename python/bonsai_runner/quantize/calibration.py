@@ -20,8 +20,12 @@ assembled at run time from three parts that need no download (`default_samples`)
            `sysconfig.get_paths()["stdlib"]`), cut the same way, labelled "code"; CODE_CHARS of
            them are taken, so code stays near 40% of the tokens (~4.4 characters per token
            with Qwen2.5's tokenizer for both parts: ~97,000 tokens, ~190 sequences of 512).
-The pools are built in a fixed order; `seed` chooses which chunks fill each budget and the order
-in which all samples are concatenated, so the set is deterministic for a given seed. A part that
+The pools are built in a fixed order. The shipped samples lead the token stream, and the
+sequences they fill are always among those used (with 12 x 256 they are all of them): on
+Qwen2.5-Coder-0.5B, 12 x 256 drawn at random from the whole set gave a mean KLD of 4.55 on the
+evaluation text against 2.42 from the shipped samples alone. `seed` chooses which chunks fill each
+budget, the order of the pydoc/stdlib samples after the shipped ones and which of their sequences
+are drawn, so the set is deterministic for a given seed. A part that
 is missing (some distributions strip pydoc_data or the stdlib sources) is reported as a warning
 and the set goes on with the others at their own budgets (nothing is upweighted). None of this
 text overlaps data/eval.txt, the evaluation text (tests/test_quantize_calibration.py checks it).
@@ -158,7 +162,9 @@ def default_samples(seed: int) -> tuple[list[tuple[str, str, str]], dict, list[s
         pool = [c for f in files for c in split_chunks(f.read_text(encoding="utf-8",
                                                                     errors="replace"))]
         samples += [(c, "code", "stdlib") for c in _take(pool, CODE_CHARS, rng)]
-    samples = [samples[i] for i in rng.permutation(len(samples))]
+    n_shipped = sum(1 for _, _, part in samples if part == "shipped")
+    rest = samples[n_shipped:]
+    samples = samples[:n_shipped] + [rest[i] for i in rng.permutation(len(rest))]
     parts: dict[str, dict] = {}
     for text, _, part in samples:
         p = parts.setdefault(part, {"samples": 0, "chars": 0})
@@ -311,8 +317,12 @@ def load_calibration(path: str | Path | None, tokenizer: Tokenizer, seq_len: int
     n_seq = total // seq_len
     seqs = arr[: n_seq * seq_len].reshape(n_seq, seq_len)
     if n_seq > max_samples:
-        pick = np.sort(np.random.default_rng(seed).choice(n_seq, size=max_samples, replace=False))
-        seqs = seqs[pick]
+        # The built-in set's shipped samples lead the stream and their sequences are always kept
+        # (the rest is drawn with the seed): they carry its languages, math and chat.
+        lead = 0 if parts is None else min(max_samples, -(-parts.get("shipped", {}).get("tokens", 0) // seq_len))
+        rest = np.random.default_rng(seed).choice(n_seq - lead, size=max_samples - lead,
+                                                  replace=False) + lead
+        seqs = seqs[np.concatenate([np.arange(lead), np.sort(rest)])]
     domains = {k: round(v / total, 4) for k, v in sorted(per_domain.items())}
     if parts is not None:
         for p in parts.values():
