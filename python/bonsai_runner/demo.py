@@ -10,7 +10,9 @@
 4. quantize to PTQ1_0 with the built-in calibration set (fewer samples and shorter sequences than
    a full run), which prints the fallback table; then the file sizes and the engine's memory
    figures (weights, KV cache, compute). Sensitivity analysis (INT8 fallback of layers under the
-   cosine threshold, held-out loss per block) is on for --tiny and opt-in for the real model:
+   cosine threshold, held-out loss per block) is on for --tiny and opt-in for the real model
+   (--tiny uses the cosine threshold TINY_THRESHOLD: random weights are far from ternary, so
+   at the default 0.98 every layer would fall back and the "PTQ1_0" file would hold none):
    each fallback quantizes the layer twice, which on 2 CPU cores roughly doubles the run;
    without it the per-tensor cosines are still measured and stored, so `compare` can still
    rank the tensors to promote;
@@ -33,6 +35,9 @@ from typing import Callable, Optional
 from .errors import BonsaiError
 
 CHAT_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively."
+
+
+TINY_THRESHOLD = 0.95   # random-weight layers reach cosines of ~0.93-0.98 at PTQ1_0
 
 
 @dataclass
@@ -116,10 +121,14 @@ def _run(opts: DemoOptions, cache: Path, log) -> dict:
     sens = opts.tiny if opts.sensitivity is None else opts.sensitivity
     step(f"quantize {Path(hf).name} to PTQ1_0 with the built-in calibration set ({samples} "
          f"sequences of up to "
-         f"{seq_len} tokens, sensitivity analysis {'on' if sens else 'off'}), then convert to {q}")
+         f"{seq_len} tokens, sensitivity analysis {'on' if sens else 'off'}"
+         f"{f', cosine threshold {TINY_THRESHOLD}' if sens and opts.tiny else ''}), then convert "
+         f"to {q}")
     res = quantize_model(QuantizeOptions(model_dir=str(hf), output_dir=str(out_dir),
                                          outfile=str(q), max_samples=samples, seq_len=seq_len,
-                                         sensitivity=sens, force=True, progress=True), log=log)
+                                         sensitivity=sens, force=True, progress=True,
+                                         threshold=TINY_THRESHOLD if opts.tiny else 0.98),
+                         log=log)
     step("sizes and memory")
     sizes = _report_sizes(source, f16, q, res, log)
     step(f"bonsai compare: PTQ1_0 against the F16 reference ({chunks} chunks of {ctx} tokens of "
