@@ -55,8 +55,10 @@ __attribute__((target("avx512f"))) uint64_t sum_words_avx512(const uint64_t* p, 
         a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 16));
         a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 24));
     }
-    uint64_t s = _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-    return s + sum_words(p + i, n - i);
+    // a plain store and sum (GCC 12 warns falsely inside _mm512_reduce_add_epi64)
+    alignas(64) uint64_t lanes[8];
+    _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+    return sum_words(lanes, 8) + sum_words(p + i, n - i);
 }
 #endif
 
