@@ -10,7 +10,9 @@ import pytest
 
 from test_llama_api_e2e import engine, write_tiny_gguf
 
-from bonsai_runner.scheduler import GenerationRequest, InvalidRequestError, QueueFullError, Scheduler
+from bonsai_runner.errors import BonsaiError
+from bonsai_runner.scheduler import (GenerationRequest, InvalidRequestError, QueueFullError, Scheduler,
+                                     SchedulerUnavailableError)
 
 PROMPTS = ["The answer is 42. Hello world, hello there!", "def add(a, b): return a + b", "你好世界 🙂",
            "Hello", "hello there! The answer", "return a + b. The answer is", "42", "world, hello there 你好"]
@@ -225,3 +227,108 @@ def test_invalid_token_and_empty_prompt(model, make):
         s.submit(GenerationRequest([1, model.n_vocab + 5]))
     with pytest.raises(InvalidRequestError, match="empty"):
         GenerationRequest([])
+
+
+@engine
+@pytest.mark.parametrize("kw, param", [
+    ({"top_k": 3_000_000_000}, "top_k"), ({"repeat_last_n": 3_000_000_000}, "repeat_last_n"),
+    ({"max_tokens": 2**31}, "max_tokens"), ({"seed": 2**64}, "seed"), ({"seed": -1}, "seed"),
+    ({"temperature": float("nan")}, "temperature"), ({"top_p": 10**400}, "top_p"),
+    ({"fault": "explode"}, "fault")])
+def test_out_of_range_parameters_name_their_range(kw, param):
+    """Values the binding's C int / uint64 cannot hold are refused before they reach _core.Sampler
+    (top_k 3e9 used to kill the scheduler thread with a pybind11 TypeError)."""
+    with pytest.raises(InvalidRequestError) as e:
+        GenerationRequest([1, 2, 3], **kw)
+    assert e.value.param == param
+    if param in ("top_k", "repeat_last_n", "max_tokens"):
+        assert "2147483647" in str(e.value)
+
+
+@engine
+def test_huge_parameters_are_refused_and_scheduler_keeps_serving(model, make):
+    s = make(n_parallel=1)
+    for kw in ({"top_k": 3_000_000_000}, {"repeat_last_n": 3_000_000_000}):
+        with pytest.raises(InvalidRequestError):
+            s.submit(greedy(model, PROMPTS[3], max_tokens=2, **kw))
+    assert s.submit(greedy(model, PROMPTS[3], max_tokens=2)).result(TIMEOUT)[1] == "length"
+
+
+@engine
+def test_failure_placing_one_request_fails_it_alone(model, make, reference):
+    """A request whose _core.Sampler cannot be built (here: a top_k set after validation) ends with
+    an error; its slot is freed, the thread lives on and serves the next request."""
+    s = make(n_parallel=1)
+    bad = greedy(model, PROMPTS[0])
+    bad.top_k = 3_000_000_000  # bypasses GenerationRequest's check: the binding raises TypeError
+    s.submit(bad)
+    assert bad.wait(TIMEOUT) and bad.finish_reason == "error"
+    with pytest.raises(BonsaiError, match="could not be started"):
+        bad.result(0)
+    assert s.health()["state"] == "ok" and s.stats()["slots_busy"] == 0
+    assert s.submit(greedy(model, PROMPTS[0])).result(TIMEOUT)[0] == reference[PROMPTS[0]]
+    assert s.stats()["finished"]["error"] == 1
+
+
+@engine
+def test_injected_faults_fail_one_request(model, make, reference):
+    s = make(n_parallel=2, fault_injection=True)
+    admit = s.submit(greedy(model, PROMPTS[1], fault="admit"))
+    sample = s.submit(greedy(model, PROMPTS[2], fault="sample"))
+    good = s.submit(greedy(model, PROMPTS[0]))
+    assert admit.wait(TIMEOUT) and admit.finish_reason == "error"
+    events = list(sample.events(TIMEOUT))
+    assert events[-1].finish_reason == "error" and "fault='sample'" in events[-1].error
+    assert len(sample.completion_tokens) == 1  # it had started: one token before the fault
+    assert good.result(TIMEOUT)[0] == reference[PROMPTS[0]]  # batched with the failing one, unharmed
+    st = s.stats()
+    assert st["slots_busy"] == 0 and st["finished"]["error"] == 2
+    assert s.submit(greedy(model, PROMPTS[1])).result(TIMEOUT)[0] == reference[PROMPTS[1]]
+
+
+@engine
+def test_fault_needs_fault_injection(model, make):
+    s = make(n_parallel=1)
+    with pytest.raises(InvalidRequestError, match="fault injection is disabled"):
+        s.submit(greedy(model, PROMPTS[0], fault="admit"))
+
+
+@engine
+def test_health_reports_stall_then_recovery(model, make):
+    import time
+
+    s = make(n_parallel=1, fault_injection=True, stall_timeout=0.3)
+    assert s.health()["state"] == "ok"
+    r = s.submit(greedy(model, PROMPTS[0], max_tokens=3, fault="stall:1.5"))
+    deadline = time.monotonic() + 5
+    while s.health()["state"] != "stalled":
+        assert time.monotonic() < deadline and not r.done, "the stall was never reported"
+        time.sleep(0.05)
+    assert "no scheduler progress" in s.health()["detail"]
+    assert r.result(TIMEOUT)[1] == "length"
+    assert s.health()["state"] == "ok"
+
+
+@engine
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_dead_thread_fails_requests_and_reports_stopped(model, make):
+    s = make(n_parallel=1)
+    r = s.submit(greedy(model, PROMPTS[0], max_tokens=0, ignore_eos=True))
+    next(r.events(TIMEOUT))
+
+    def die():
+        raise SystemExit("simulated thread death")
+
+    s._step = die  # not a request's failure: the thread ends
+    assert r.wait(TIMEOUT) and r.finish_reason == "error"
+    s._thread.join(TIMEOUT)
+    h = s.health()
+    assert h["state"] == "stopped" and "simulated thread death" in h["detail"]
+    with pytest.raises(SchedulerUnavailableError, match="stopped"):
+        s.submit(greedy(model, PROMPTS[1]))
+
+
+@engine
+def test_slots_times_context_must_fit_the_engine(model, eog):
+    with pytest.raises(BonsaiError, match="2147483647"):
+        Scheduler(model, eog_ids=eog, n_parallel=4, n_ctx_slot=2_000_000_000)

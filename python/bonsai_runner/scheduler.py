@@ -31,6 +31,20 @@ not block) or, without one, through `GenerationRequest.events()`.
 
 Admission is bounded: at most `n_parallel + queue_limit` requests are running or waiting; a
 further `submit` raises `QueueFullError`.
+
+Failure containment: every request parameter is range-checked against what the engine takes
+(engine_limits) before it is queued. A failure while placing one request (its sampler, its prefix
+copy) or sampling for one slot ends that request alone with an "error" event and frees its slot; a
+failing `decode` ends the requests of that batch; the thread itself never stops on a request. Should
+it stop anyway, every request still running or waiting gets an error event and `submit` raises
+`SchedulerUnavailableError`. The thread refreshes a heartbeat every loop turn and every step (and
+at least every `_IDLE_BEAT_S` while idle); `health()` reads it without taking a lock: "stopped" when
+the thread is dead, "stalled" when it has work but no heartbeat for `stall_timeout` seconds.
+
+Fault injection (tests and the soak only): with `fault_injection=True`, a request's `fault` makes the
+scheduler fail it on purpose: "admit" (raise while placing it in a slot), "sample" (raise when its
+second token is sampled, after text has been sent), "stall:SECONDS" (the thread sleeps that long
+in the request's first step, without a heartbeat). Without the option a request with a fault is refused.
 """
 
 from __future__ import annotations
@@ -45,11 +59,16 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .errors import BonsaiError
 from .text_stream import TextStream, normalize_stop
 from .vocab_facts import common_prefix_len
 
-__all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "InvalidRequestError", "QueueFullError"]
+__all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "InvalidRequestError", "QueueFullError",
+           "SchedulerUnavailableError", "FAULTS"]
+
+FAULTS = ("admit", "sample", "stall:SECONDS")  # the kinds of `GenerationRequest.fault`
+_IDLE_BEAT_S = 0.25  # an idle thread wakes this often to refresh its heartbeat
 
 
 class InvalidRequestError(BonsaiError):
@@ -64,6 +83,14 @@ class QueueFullError(BonsaiError):
     """The scheduler already holds its maximum number of running and waiting requests."""
 
 
+class SchedulerUnavailableError(BonsaiError):
+    """The scheduler is closed or its thread has stopped: it cannot take requests."""
+
+
+class _InjectedFault(RuntimeError):
+    """Raised on purpose by fault injection."""
+
+
 @dataclass
 class StreamEvent:
     """Text produced by a request (`text`, possibly "") or its end (`finish_reason` set: "stop",
@@ -74,21 +101,35 @@ class StreamEvent:
     error: Optional[str] = None
 
 
-def _int_param(name: str, value: Any, minimum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidRequestError(f"{name} must be an integer, not {type(value).__name__} ({value!r})", name)
-    if minimum is not None and value < minimum:
-        raise InvalidRequestError(f"{name} must be >= {minimum}, got {value}", name)
-    return int(value)
+def _invalid(message: str, name: str) -> InvalidRequestError:
+    return InvalidRequestError(message, name)
+
+
+def _int_param(name: str, value: Any, lo: int = 0, hi: int = INT32_MAX) -> int:
+    return check_int(name, value, lo, hi, error=_invalid)
 
 
 def _float_param(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidRequestError(f"{name} must be a number, not {type(value).__name__} ({value!r})", name)
-    v = float(value)
-    if not (lo < v if lo_open else lo <= v) or not v <= hi:
-        raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}", name)
-    return v
+    return check_float(name, value, lo, hi, lo_open=lo_open, error=_invalid)
+
+
+def _parse_fault(fault: Any) -> Optional[tuple[str, float]]:
+    """("admit" | "sample" | "stall", seconds) of a `fault` value, None for None."""
+    if fault is None:
+        return None
+    if isinstance(fault, str):
+        if fault in ("admit", "sample"):
+            return fault, 0.0
+        kind, _, seconds = fault.partition(":")
+        if kind == "stall":
+            try:
+                v = float(seconds)
+            except ValueError:
+                v = -1.0
+            if 0 < v <= 3600:
+                return kind, v
+    raise InvalidRequestError(f"fault must be one of {', '.join(FAULTS)} (SECONDS in (0, 3600]), got {fault!r}",
+                              "fault")
 
 
 class GenerationRequest:
@@ -101,27 +142,30 @@ class GenerationRequest:
                  stop: Any = None, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: Optional[int] = None, ignore_eos: bool = False,
-                 on_event: Optional[Callable[[StreamEvent], None]] = None):
+                 on_event: Optional[Callable[[StreamEvent], None]] = None, fault: Optional[str] = None):
         if not isinstance(prompt_tokens, (list, tuple)) or not prompt_tokens:
             raise InvalidRequestError("the prompt is empty; give some text or token ids", "prompt")
-        self.prompt_tokens = [int(t) for t in prompt_tokens]
-        self.max_tokens = None if max_tokens is None else _int_param("max_tokens", max_tokens)
+        self.prompt_tokens = [check_int("a prompt token id", t, -2**31, INT32_MAX,
+                                        error=lambda m, _: InvalidRequestError(m, "prompt")) for t in prompt_tokens]
+        self.max_tokens = None if max_tokens is None else _int_param("max_tokens", max_tokens, -2**31)
         try:
             self.stop = normalize_stop(stop)
         except BonsaiError as e:
             raise InvalidRequestError(str(e), "stop") from None
         self.temperature = _float_param("temperature", temperature, 0.0, 100.0)
-        self.top_k = _int_param("top_k", top_k, 0)
+        self.top_k = _int_param("top_k", top_k)
         self.top_p = _float_param("top_p", top_p, 0.0, 1.0, lo_open=True)
         self.min_p = _float_param("min_p", min_p, 0.0, 1.0)
         self.repeat_penalty = _float_param("repeat_penalty", repeat_penalty, 0.0, 100.0, lo_open=True)
-        self.repeat_last_n = _int_param("repeat_last_n", repeat_last_n, 0)
+        self.repeat_last_n = _int_param("repeat_last_n", repeat_last_n)
         if seed is not None:
-            seed = _int_param("seed", seed) & 0xFFFFFFFF
+            seed = _int_param("seed", seed, 0, UINT64_MAX) & 0xFFFFFFFF
         self.seed = seed if seed is not None else random.SystemRandom().randrange(0, 0xFFFFFFFF)
         if not isinstance(ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be a boolean, not {type(ignore_eos).__name__}", "ignore_eos")
         self.ignore_eos = ignore_eos  # never sample an end-of-generation token (benchmarks, soak tests)
+        self.fault = fault
+        self._fault = _parse_fault(fault)
         self._on_event = on_event
         self._events: "queue.Queue[StreamEvent]" = queue.Queue()
         self._cancelled = threading.Event()
@@ -152,12 +196,17 @@ class GenerationRequest:
             self._scheduler._wake()
 
     def _emit(self, ev: StreamEvent) -> None:
+        """Delivers `ev`; never raises. A callback that raises cancels its request (nobody can
+        receive its events any more)."""
         if ev.finish_reason is not None:
             self.finish_reason = ev.finish_reason
-        if self._on_event is not None:
-            self._on_event(ev)
-        else:
-            self._events.put(ev)
+        try:
+            if self._on_event is not None:
+                self._on_event(ev)
+            else:
+                self._events.put(ev)
+        except Exception:
+            self._cancelled.set()
         if ev.finish_reason is not None:
             self._done.set()
 
@@ -205,27 +254,34 @@ class Scheduler:
 
     def __init__(self, model: Any, *, eog_ids: Sequence[int], n_parallel: int = 1, n_ctx_slot: int = 2048,
                  n_batch: int = 512, n_threads: int = 0, cache_prompt: bool = True, queue_limit: int = 64,
-                 type_k: str = "f16", type_v: str = "f16", act_mode: str = "int8", flash_attn: bool = False):
+                 type_k: str = "f16", type_v: str = "f16", act_mode: str = "int8", flash_attn: bool = False,
+                 fault_injection: bool = False, stall_timeout: float = 120.0):
         from . import _core
 
-        self.n_parallel = _int_param("n_parallel", n_parallel, 1)
-        if self.n_parallel > 64:
-            raise BonsaiError(f"--parallel {n_parallel} is too many: the KV cache tags at most 64 sequences")
-        self.n_ctx_slot = _int_param("n_ctx_slot", n_ctx_slot, 2)
-        self.n_batch = max(_int_param("n_batch", n_batch, 1), self.n_parallel)
-        self.queue_limit = _int_param("queue_limit", queue_limit, 0)
+        self.n_parallel = check_int("n_parallel", n_parallel, 1, 64)
+        self.n_ctx_slot = check_int("n_ctx_slot", n_ctx_slot, 2)
+        if self.n_parallel * self.n_ctx_slot > INT32_MAX:
+            raise BonsaiError(f"{self.n_parallel} slots x {self.n_ctx_slot} tokens = "
+                              f"{self.n_parallel * self.n_ctx_slot} KV cells is more than the engine's limit of "
+                              f"{INT32_MAX}; lower the context per slot or the number of slots")
+        self.n_batch = max(check_int("n_batch", n_batch, 1), self.n_parallel)
+        self.queue_limit = check_int("queue_limit", queue_limit, 0, 2**62)
         self.cache_prompt = bool(cache_prompt)
+        self.fault_injection = bool(fault_injection)
+        self.stall_timeout = check_float("stall_timeout", stall_timeout, 0.0, 1e9, lo_open=True)
         self._model = model
         self._eog = frozenset(int(i) for i in eog_ids)
         self._eog_index = np.array(sorted(self._eog), dtype=np.int64)
         self._ctx = _core.Context(model, n_ctx=self.n_parallel * self.n_ctx_slot, n_batch=self.n_batch,
-                                  n_seq_max=self.n_parallel, n_threads=_int_param("n_threads", n_threads, 0),
+                                  n_seq_max=self.n_parallel, n_threads=check_int("n_threads", n_threads),
                                   type_k=type_k, type_v=type_v, act_mode=act_mode, flash_attn=bool(flash_attn))
         self._core = _core
         self._slots = [_Slot(i) for i in range(self.n_parallel)]
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._death: Optional[str] = None  # why the thread stopped, if it stopped on its own
+        self._beat = time.monotonic()  # the thread's heartbeat (see health())
         self._pieces: dict[int, bytes] = {}
         self._n_admitted = 0
         self._metrics = {"requests_total": 0, "requests_rejected_total": 0, "prompt_tokens_total": 0,
@@ -248,9 +304,14 @@ class Scheduler:
         bad = next((t for t in req.prompt_tokens if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"invalid token id {bad}: ids must be in [0, {n_vocab})", "prompt")
+        if req.fault is not None and not self.fault_injection:
+            raise InvalidRequestError("fault injection is disabled (a debugging option of the scheduler)", "fault")
         with self._cond:
             if self._closed:
-                raise BonsaiError("the scheduler is closed")
+                raise SchedulerUnavailableError("the server is shutting down; retry on another instance")
+            if self._death is not None or not self._thread.is_alive():
+                raise SchedulerUnavailableError(f"the scheduler has stopped ({self._death or 'its thread exited'}); "
+                                                "restart the server")
             running = sum(s.req is not None for s in self._slots)
             if running + len(self._waiting) >= self.n_parallel + self.queue_limit:
                 self._metrics["requests_rejected_total"] += 1
@@ -298,6 +359,25 @@ class Scheduler:
         out["generated_tokens_per_second"] = out["generated_tokens_total"] / busy if busy > 0 else 0.0
         return out
 
+    def health(self) -> dict:
+        """Liveness without taking the scheduler's lock (a stuck thread may hold it): `state` "ok",
+        "closed", "stopped" (the thread is dead) or "stalled" (work is waiting or running and the
+        thread has not refreshed its heartbeat for more than `stall_timeout` s), `detail` why, and
+        the slot and queue counts (read without the lock, so possibly one step old)."""
+        busy = sum(s.req is not None for s in self._slots)
+        waiting = len(self._waiting)
+        silent = time.monotonic() - self._beat
+        out = {"state": "ok", "detail": "", "slots_busy": busy, "slots_total": self.n_parallel,
+               "queue_depth": waiting, "seconds_since_heartbeat": round(silent, 3)}
+        if self._closed:
+            out.update(state="closed", detail="the scheduler is shutting down")
+        elif self._death is not None or not self._thread.is_alive():
+            out.update(state="stopped", detail=f"the scheduler thread has stopped: {self._death or 'it exited'}")
+        elif (busy or waiting) and silent > self.stall_timeout:
+            out.update(state="stalled", detail=f"no scheduler progress for {silent:.1f} s (limit {self.stall_timeout:g} s) "
+                       f"with {busy} requests running and {waiting} waiting")
+        return out
+
     def slot_tokens(self) -> list[list[int]]:
         """The cached tokens of each slot (for tests and diagnostics)."""
         with self._cond:
@@ -310,27 +390,57 @@ class Scheduler:
             self._cond.notify_all()
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._closed:
-                        return
-                    self._drop_cancelled()
-                    self._admit()
-                    if any(s.req is not None for s in self._slots):
-                        break
-                    self._cond.wait()
-            t0 = time.perf_counter()
+        try:
+            while self._turn():
+                pass
+        except BaseException as e:  # not a request's failure (those are caught below): the thread ends
+            self._death = f"{type(e).__name__}: {e}"
             try:
-                self._step()
-            except Exception as e:  # an engine failure ends the requests of this batch, not the server
                 with self._cond:
-                    for slot in self._slots:
-                        if slot.req is not None:
-                            self._end(slot, StreamEvent(finish_reason="error", error=f"generation failed: {e}"))
-                            self._forget(slot)
+                    self._fail_all(f"the scheduler stopped: {self._death}")
+            except Exception:  # the thread is ending either way; the death is recorded above
+                pass
+            raise
+
+    def _turn(self) -> bool:
+        """One loop turn: drop cancelled requests, admit waiting ones, run one step. False once closed."""
+        with self._cond:
+            while True:
+                self._beat = time.monotonic()
+                if self._closed:
+                    return False
+                self._drop_cancelled()
+                self._admit()
+                if any(s.req is not None for s in self._slots):
+                    break
+                self._cond.wait(min(_IDLE_BEAT_S, self.stall_timeout / 4))
+        t0 = time.perf_counter()
+        try:
+            self._step()
+        except Exception as e:  # an engine failure ends the requests of this batch, not the server
             with self._cond:
-                self._metrics["busy_seconds_total"] += time.perf_counter() - t0
+                self._fail_all(f"generation failed: {type(e).__name__}: {e}", waiting=False)
+        self._beat = time.monotonic()
+        with self._cond:
+            self._metrics["busy_seconds_total"] += time.perf_counter() - t0
+        return True
+
+    def _fail_all(self, message: str, waiting: bool = True) -> None:
+        """Ends every running request (and, with `waiting`, every queued one) with an error event."""
+        for slot in self._slots:
+            if slot.req is not None:
+                self._fail(slot, message)
+        while waiting and self._waiting:
+            self._finished["error"] += 1
+            self._waiting.popleft()._emit(StreamEvent(finish_reason="error", error=message))
+
+    def _fail(self, slot: _Slot, message: str) -> None:
+        """Ends the slot's request with an error event and frees the slot and its KV."""
+        self._end(slot, StreamEvent(finish_reason="error", error=message))
+        try:
+            self._forget(slot)
+        except Exception:  # the KV of a failed sequence: drop what we know of it, the cells are reused
+            slot.cached = []
 
     def _drop_cancelled(self) -> None:
         for slot in self._slots:
@@ -357,7 +467,16 @@ class Scheduler:
             if not free:
                 return
             req = self._waiting.popleft()
-            self._place(req, free)
+            try:
+                self._place(req, free)
+            except Exception as e:  # this request alone fails; its slot (if it got one) is freed
+                message = f"the request could not be started: {type(e).__name__}: {e}"
+                slot = next((s for s in self._slots if s.req is req), None)
+                if slot is not None:
+                    self._fail(slot, message)
+                else:
+                    self._finished["error"] += 1
+                    req._emit(StreamEvent(finish_reason="error", error=message))
 
     def _place(self, req: GenerationRequest, free: list[_Slot]) -> None:
         prompt = req.prompt_tokens
@@ -384,6 +503,8 @@ class Scheduler:
         slot.req = req
         slot.pending = prompt[n_reused:]
         slot.next_token = None
+        if req._fault is not None and req._fault[0] == "admit":
+            raise _InjectedFault("injected fault at admission (fault='admit')")
         slot.sampler = self._core.Sampler(temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                           min_p=req.min_p, repeat_penalty=req.repeat_penalty,
                                           repeat_last_n=req.repeat_last_n, seed=req.seed)
@@ -407,6 +528,11 @@ class Scheduler:
         plan: list[tuple[_Slot, int, bool]] = []  # (slot, tokens added, has an output row)
         with self._cond:
             active = [s for s in self._slots if s.req is not None]
+        for slot in active:
+            fault = slot.req._fault
+            if fault is not None and fault[0] == "stall" and not slot.req.completion_tokens:
+                slot.req._fault = None  # once
+                time.sleep(fault[1])  # without a heartbeat: health() reports "stalled"
         for slot in active:
             if slot.next_token is not None:
                 tokens.append(slot.next_token)
@@ -441,7 +567,10 @@ class Scheduler:
                 else:
                     slot.next_token = None
                 if has_row:
-                    self._sample(slot, logits[row])
+                    try:
+                        self._sample(slot, logits[row])
+                    except Exception as e:  # this request alone fails
+                        self._fail(slot, f"sampling failed: {type(e).__name__}: {e}")
                     row += 1
 
     def _piece(self, token: int) -> bytes:
@@ -455,6 +584,8 @@ class Scheduler:
         if req.ignore_eos and self._eog_index.size:
             row = row.copy()
             row[self._eog_index] = -np.inf
+        if req._fault is not None and req._fault[0] == "sample" and req.completion_tokens:
+            raise _InjectedFault("injected fault while sampling (fault='sample')")
         token = int(slot.sampler.sample(row))
         slot.sampler.accept(token)
         if req.t_first_token is None:
