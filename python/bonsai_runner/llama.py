@@ -12,8 +12,20 @@ that stops on max_tokens leaves its last token unevaluated, as llama-cpp-python 
 through `TextStream`, which keeps partial UTF-8 characters and possible stop-string prefixes out of
 streamed chunks; streamed and non-streamed calls share this path, so their text is identical.
 
-Not thread-safe: one call at a time per `Llama` (the engine's `decode` releases the GIL, so other
-Python threads keep running while it computes).
+Threads: one call at a time per `Llama`, enforced (see use_guard.py). The engine's `decode`
+releases the GIL, and two threads decoding into the one KV cache would return wrong text without
+an error, so every public call holds the Llama's `UseGuard` for its whole duration: a second thread
+waits and then gets exactly the answer it would have got alone. A stream (`stream=True`,
+`generate`) holds it from its first `next()` until it is exhausted, closed or garbage-collected;
+a thread waiting only on a stream that its owner stopped reading gives up after `stream_wait_s`
+seconds (constructor argument, default 30) with a BonsaiError rather than deadlocking. The thread
+that holds a stream may still call the Llama itself: that call runs, and the suspended stream then
+raises "interrupted" on its next step. Sequential use from several threads just works; for
+parallel requests use one Llama per thread or `bonsai serve` (parallel sequences).
+
+Every integer and float parameter is checked against the engine's ranges (engine_limits.py: C int
+counts up to 2**31-1, seeds up to 2**64-1, finite float32 values) before it reaches the binding, so
+bad values are one BonsaiError naming the parameter and its range.
 """
 
 from __future__ import annotations
@@ -28,8 +40,10 @@ import numpy as np
 
 from . import completion_format as fmt
 from .chat_template import ChatTemplate
-from .errors import BonsaiError
+from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
+from .errors import BonsaiError, check_model_file
 from .text_stream import TextStream, normalize_stop
+from .use_guard import DEFAULT_STREAM_WAIT_S, GuardedStream, UseGuard
 from .vocab_facts import adds_bos, common_prefix_len, end_of_generation_ids, token_text
 
 try:
@@ -42,20 +56,16 @@ __all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # "pick a random seed", as in llama.cpp
 CACHE_TYPES = ("f16", "q8_0")
 ACT_MODES = ("int8", "float")
+FLT_MAX = float(np.finfo(np.float32).max)  # the sampler's parameters are C floats
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise BonsaiError(f"{name} must be an integer, not {type(value).__name__} ({value!r})")
-    if minimum is not None and value < minimum:
-        raise BonsaiError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise BonsaiError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
-    return float(value)
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BonsaiError(f"{what} is not valid Unicode text (a lone surrogate {text[e.start]!r} at "
+                          f"character {e.start}); pass well-formed text or UTF-8 bytes") from None
 
 
 class Llama:
@@ -66,20 +76,24 @@ class Llama:
                  type_v: str = "f16", flash_attn: bool = False, cuda_graph: bool = True,
                  seed: int = LLAMA_DEFAULT_SEED,
                  logits_all: bool = False, use_mmap: bool = True, tokenizer: Optional[str] = None,
-                 chat_template: Optional[str] = None, act_mode: str = "int8", verbose: bool = True):
+                 chat_template: Optional[str] = None, act_mode: str = "int8", verbose: bool = True,
+                 stream_wait_s: float = DEFAULT_STREAM_WAIT_S):
         self._model = None
         self._ctx = None
+        self._guard = UseGuard(check_float("stream_wait_s", stream_wait_s, 0.0, 1e9))
         if _core is None or not hasattr(_core, "Model"):
             raise BonsaiError("the native engine (bonsai_runner._core) is not built: "
                               "run `pip install .` or scripts/dev_build.sh")
-        path = os.fspath(model_path)
-        if not os.path.isfile(path):
-            raise BonsaiError(f"model file not found: {path}")
-        n_ctx = _check_int("n_ctx", n_ctx, 0)
-        n_batch = _check_int("n_batch", n_batch, 1)
-        n_threads = 0 if n_threads is None else _check_int("n_threads", n_threads, 0)
-        n_gpu_layers = _check_int("n_gpu_layers", n_gpu_layers, -1)
-        seed = _check_int("seed", seed, -1)
+        if not isinstance(model_path, (str, bytes, os.PathLike)):
+            raise BonsaiError(f"model_path must be a path (str or os.PathLike), "
+                              f"not {type(model_path).__name__}")
+        path = os.fsdecode(os.fspath(model_path))
+        check_model_file(path)
+        n_ctx = check_int("n_ctx", n_ctx, 0, INT32_MAX)
+        n_batch = check_int("n_batch", n_batch, 1, INT32_MAX)
+        n_threads = 0 if n_threads is None else check_int("n_threads", n_threads, 0, INT32_MAX)
+        n_gpu_layers = check_int("n_gpu_layers", n_gpu_layers, -1, INT32_MAX)
+        seed = check_int("seed", seed, -1, UINT64_MAX)
         if seed < 0:
             seed = LLAMA_DEFAULT_SEED
         for name, t in (("type_k", type_k), ("type_v", type_v)):
@@ -131,13 +145,15 @@ class Llama:
     # ---- lifetime ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the context and the model; the object is unusable afterwards. Safe to repeat."""
-        ctx, model = self._ctx, self._model
-        self._ctx = self._model = None
-        if ctx is not None:
-            ctx.close()
-        if model is not None:
-            model.close()
+        """Frees the context and the model; the object is unusable afterwards. Safe to repeat.
+        Waits for a call in progress in another thread (see the module docstring)."""
+        with self._guard.call():
+            ctx, model = self._ctx, self._model
+            self._ctx = self._model = None
+            if ctx is not None:
+                ctx.close()
+            if model is not None:
+                model.close()
 
     def __enter__(self) -> "Llama":
         self._live()
@@ -147,6 +163,8 @@ class Llama:
         self.close()
 
     def __del__(self) -> None:
+        if getattr(self, "_guard", None) is None:
+            return  # the constructor failed before anything was allocated
         try:
             self.close()
         except Exception:
@@ -201,18 +219,23 @@ class Llama:
     def tokenize(self, text: Union[bytes, str], add_bos: bool = True, special: bool = False) -> list[int]:
         """Tokenizes UTF-8 `text`. `add_bos` adds the model's BOS when its vocabulary asks for one;
         `special` parses special-token text such as "<|im_start|>" into their ids."""
-        self._live()
         if isinstance(text, str):
-            text = text.encode("utf-8")
+            text = _utf8(text, "the text to tokenize")
         if not isinstance(text, (bytes, bytearray)):
             raise BonsaiError(f"tokenize expects bytes (UTF-8 text), not {type(text).__name__}")
-        return list(self._model.tokenize(bytes(text), add_special=bool(add_bos), parse_special=bool(special)))
+        with self._guard.call():
+            self._live()
+            return self._tokenize(bytes(text), add_bos, special)
+
+    def _tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        return list(self._model.tokenize(text, add_special=bool(add_bos), parse_special=bool(special)))
 
     def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
                    special: bool = False) -> bytes:
         """The bytes of `tokens` (prev_tokens/special are accepted for llama-cpp-python compatibility)."""
-        self._live()
-        return bytes(self._model.detokenize(self._check_tokens(tokens, allow_empty=True)))
+        with self._guard.call():
+            self._live()
+            return bytes(self._model.detokenize(self._check_tokens(tokens, allow_empty=True)))
 
     def _check_tokens(self, tokens: Any, allow_empty: bool = False) -> list[int]:
         if isinstance(tokens, np.ndarray):
@@ -232,14 +255,16 @@ class Llama:
 
     def reset(self) -> None:
         """Forgets the evaluated tokens (and so the cached prefix)."""
-        self._live().clear()
-        self._generation += 1
-        self.n_tokens = 0
+        with self._guard.call():
+            self._live().clear()
+            self._generation += 1
+            self.n_tokens = 0
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Evaluates `tokens` after the first `n_tokens` ones, in batches of n_batch."""
-        self._generation += 1
-        self._eval(tokens)
+        with self._guard.call():
+            self._generation += 1
+            self._eval(tokens)
 
     def _eval(self, tokens: Sequence[int]) -> None:
         ctx = self._live()
@@ -268,8 +293,8 @@ class Llama:
         return self.n_tokens
 
     def _sampling_seed(self, seed: Optional[int]) -> int:
-        if seed is not None:
-            return _check_int("seed", seed, 0) & 0xFFFFFFFF
+        if seed is not None:  # any uint64 is accepted; sampling uses its low 32 bits, as llama.cpp
+            return check_int("seed", seed, 0, UINT64_MAX) & 0xFFFFFFFF
         if self._seed == LLAMA_DEFAULT_SEED:
             return random.SystemRandom().randrange(0, 0xFFFFFFFF)
         return random.Random(self._seed).randrange(0, 0xFFFFFFFF)
@@ -278,16 +303,24 @@ class Llama:
                  temp: float = 0.80, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  reset: bool = True, seed: Optional[int] = None) -> Iterator[int]:
         """Yields sampled tokens after `tokens` forever (the caller stops). With `reset`, the cached
-        prefix is reused; without it, `tokens` are evaluated after the current `n_tokens`."""
-        tokens = self._check_tokens(tokens)
-        sampler = self._make_sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+        prefix is reused; without it, `tokens` are evaluated after the current `n_tokens`. The
+        arguments are checked now; the iterator holds the Llama while it runs (module docstring)."""
+        with self._guard.call():
+            self._live()
+            tokens = self._check_tokens(tokens)
+            sampler = self._make_sampler(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+        repeat_last_n = int(repeat_last_n)
+        return GuardedStream(self._guard, lambda: self._generate(tokens, sampler, repeat_last_n, reset))
+
+    def _generate(self, tokens: list[int], sampler, repeat_last_n: int, reset: bool) -> Iterator[int]:
+        """`generate` without the guard (the caller holds it); arguments already checked."""
         self._generation += 1
         mine = self._generation
         if reset:
             tokens = tokens[self._reuse_prefix(tokens):]
-        if repeat_last_n > 0:
+        if repeat_last_n != 0:  # -1: the whole history
             history = self._input_ids.tolist() + tokens
-            for t in history[-repeat_last_n:]:
+            for t in (history if repeat_last_n < 0 else history[-repeat_last_n:]):
                 sampler.accept(int(t))
         self._eval(tokens)
         while True:
@@ -300,20 +333,13 @@ class Llama:
             self._eval([token])
 
     def _make_sampler(self, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed):
-        temp = _check_float("temperature", temp)
-        if temp < 0:
-            raise BonsaiError(f"temperature must be >= 0 (0 = greedy), got {temp}")
-        top_p = _check_float("top_p", top_p)
-        if not 0 < top_p <= 1:
-            raise BonsaiError(f"top_p must be in (0, 1], got {top_p}")
-        min_p = _check_float("min_p", min_p)
-        if not 0 <= min_p <= 1:
-            raise BonsaiError(f"min_p must be in [0, 1], got {min_p}")
-        top_k = _check_int("top_k", top_k, 0)
-        repeat_penalty = _check_float("repeat_penalty", repeat_penalty)
-        if repeat_penalty <= 0:
-            raise BonsaiError(f"repeat_penalty must be > 0 (1 = off), got {repeat_penalty}")
-        repeat_last_n = _check_int("repeat_last_n", repeat_last_n, 0)
+        temp = check_float("temperature", temp, 0.0, FLT_MAX, what="0 = greedy")
+        top_p = check_float("top_p", top_p, 0.0, 1.0, lo_open=True)
+        min_p = check_float("min_p", min_p, 0.0, 1.0)
+        top_k = check_int("top_k", top_k, 0, INT32_MAX)
+        repeat_penalty = check_float("repeat_penalty", repeat_penalty, 0.0, FLT_MAX, lo_open=True,
+                                     what="1 = off")
+        repeat_last_n = check_int("repeat_last_n", repeat_last_n, -1, INT32_MAX)
         return _core.Sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                              repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                              seed=self._sampling_seed(seed))
@@ -326,7 +352,7 @@ class Llama:
         if isinstance(prompt, str):
             if prompt == "":
                 raise BonsaiError("the prompt is empty; give some text or a list of token ids")
-            toks = self.tokenize(prompt.encode("utf-8"), add_bos=fim is None, special=fim is None)
+            toks = self._tokenize(_utf8(prompt, "the prompt"), fim is None, fim is None)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             if len(prompt) == 0:
                 raise BonsaiError("the prompt is empty; give some text or a list of token ids")
@@ -336,7 +362,7 @@ class Llama:
         if fim is not None:
             pre, suf, mid = fim
             toks = ([self.token_bos()] if self._add_bos else []) + [pre] + toks + [suf] + \
-                (self.tokenize(suffix.encode("utf-8"), add_bos=False) if suffix else []) + [mid]
+                (self._tokenize(_utf8(suffix, "the suffix"), False, False) if suffix else []) + [mid]
         if len(toks) >= self._n_ctx:
             raise BonsaiError(f"the prompt has {len(toks)} tokens, which does not fit the context "
                               f"(n_ctx={self._n_ctx}); shorten it or create the Llama with a larger n_ctx")
@@ -359,16 +385,26 @@ class Llama:
         max_tokens None or <= 0 generates until the context is full; a suffix is placed with the
         model's fill-in-the-middle tokens when it has them, else appended to the returned text.
         """
+        with self._guard.call():
+            run = self._completion_run(prompt, suffix, max_tokens, temperature, top_p, min_p, top_k,
+                                       repeat_penalty, stop, seed, echo, logprobs, model, repeat_last_n)
+            if not stream:
+                return run.response()
+        return GuardedStream(self._guard, run.chunks)
+
+    def _completion_run(self, prompt, suffix, max_tokens, temperature, top_p, min_p, top_k, repeat_penalty,
+                        stop, seed, echo, logprobs, model, repeat_last_n) -> "_CompletionRun":
+        """The checked arguments of one completion (the caller holds the guard)."""
         self._live()
         if suffix is not None and not isinstance(suffix, str):
             raise BonsaiError(f"suffix must be a string, not {type(suffix).__name__}")
         prompt_tokens, suffix_placed = self._prompt_tokens(prompt, suffix)
         if max_tokens is not None:
-            max_tokens = _check_int("max_tokens", max_tokens)
+            max_tokens = check_int("max_tokens", max_tokens, INT64_MIN, INT64_MAX)
         room = self._n_ctx - len(prompt_tokens)
         max_tokens = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
         if logprobs is not None:
-            logprobs = _check_int("logprobs", logprobs, 0)
+            logprobs = check_int("logprobs", logprobs, 0, INT32_MAX)
             if echo and not self._logits_all:
                 raise BonsaiError("logprobs with echo=True needs the prompt's logits: "
                                   "create the Llama with logits_all=True")
@@ -379,14 +415,11 @@ class Llama:
         if isinstance(prompt, str):
             prompt_text = prompt
         else:
-            prompt_text = self.detokenize(prompt_tokens).decode("utf-8", errors="ignore")
+            prompt_text = bytes(self._model.detokenize(prompt_tokens)).decode("utf-8", errors="ignore")
         append = None if suffix_placed else suffix
-        run = _CompletionRun(self, prompt_tokens, prompt_text, max_tokens, stops, sampler_args,
-                             echo=bool(echo), logprobs=logprobs, suffix=append,
-                             model=model if model is not None else self.model_path)
-        if stream:
-            return run.chunks()
-        return run.response()
+        return _CompletionRun(self, prompt_tokens, prompt_text, max_tokens, stops, sampler_args,
+                              echo=bool(echo), logprobs=logprobs, suffix=append,
+                              model=model if model is not None else self.model_path)
 
     def __call__(self, prompt: Union[str, list[int]], **kwargs):
         return self.create_completion(prompt, **kwargs)
@@ -399,21 +432,26 @@ class Llama:
                                model: Optional[str] = None, tools: Optional[list] = None,
                                **template_kwargs):
         """Renders `messages` with the chat template and completes it as the assistant's turn."""
-        self._live()
-        prompt = self._chat.render(messages, add_generation_prompt=True, tools=tools, **template_kwargs)
-        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-        if self._add_bos and tokens[:1] != [self.token_bos()]:
-            tokens.insert(0, self.token_bos())
-        stops = normalize_stop(stop)
-        if self._chat.eos_token:
-            stops.append(self._chat.eos_token)
-        result = self.create_completion(
-            tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            repeat_penalty=repeat_penalty, stop=stops, stream=stream, seed=seed,
-            logprobs=(top_logprobs or 0) if logprobs else None, model=model)
-        if stream:
-            return fmt.chat_chunks(result)
-        return fmt.chat_response(result)
+        with self._guard.call():
+            self._live()
+            if logprobs and top_logprobs is not None:
+                top_logprobs = check_int("top_logprobs", top_logprobs, 0, INT32_MAX)
+            prompt = self._chat.render(messages, add_generation_prompt=True, tools=tools, **template_kwargs)
+            tokens = self._tokenize(_utf8(prompt, "the rendered chat prompt"), False, True)
+            if self._add_bos and tokens[:1] != [self.token_bos()]:
+                tokens.insert(0, self.token_bos())
+            if not tokens:
+                raise BonsaiError("the chat template rendered an empty prompt; check the messages "
+                                  "and the template")
+            stops = normalize_stop(stop)
+            if self._chat.eos_token:
+                stops.append(self._chat.eos_token)
+            run = self._completion_run(tokens, None, max_tokens, temperature, top_p, min_p, top_k,
+                                       repeat_penalty, stops, seed, False,
+                                       (top_logprobs or 0) if logprobs else None, model, 64)
+            if not stream:
+                return fmt.chat_response(run.response())
+        return GuardedStream(self._guard, lambda: fmt.chat_chunks(run.chunks()))
 
     def _report(self, n_prompt: int, n_reused: int, t_prompt: float, n_gen: int, t_gen: float) -> None:
         if self.verbose:
@@ -450,7 +488,10 @@ class _CompletionRun:
         first = 0
         t0 = time.perf_counter()
         t_prompt = 0.0
-        gen = llama.generate(self.prompt_tokens, **self.sampler_args)
+        args = self.sampler_args
+        sampler = llama._make_sampler(args["temp"], args["top_k"], args["top_p"], args["min_p"],
+                                      args["repeat_penalty"], args["repeat_last_n"], args["seed"])
+        gen = llama._generate(self.prompt_tokens, sampler, int(args["repeat_last_n"]), True)
         try:
             while len(self.tokens) < self.max_tokens:
                 token = next(gen)
