@@ -36,7 +36,7 @@ N_CTX = 256
 class _Server:
     """uvicorn serving `engine` in a thread, on a socket bound to a free loopback port."""
 
-    def __init__(self, serving_engine, api_key=None):
+    def __init__(self, serving_engine, api_key=None, **app_options):
         from bonsai_runner.server import create_app
 
         self.engine = serving_engine
@@ -45,8 +45,8 @@ class _Server:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(serving_engine, api_key), log_level="warning",
-                                                    access_log=False))
+        self.server = uvicorn.Server(uvicorn.Config(create_app(serving_engine, api_key, **app_options),
+                                                    log_level="warning", access_log=False))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20
@@ -229,6 +229,8 @@ def test_bad_requests_are_400(server):
         assert err["type"] == "invalid_request_error" and err["message"]
     status, body = server.post_raw("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00"}]}')
     assert status == 400 and json.loads(body)["error"]["param"] == "messages"
+    status, body = server.post_raw("/v1/completions", b"[" * 100_000 + b"]" * 100_000)  # was a 500
+    assert status == 400 and "nested more than" in json.loads(body)["error"]["message"]
     status, body = server.post_raw("/v1/nothing", b"{}")
     assert status == 404 and "error" in json.loads(body)
     assert server.metric('bonsai_requests_finished_total{reason="error"}') == 0
@@ -348,6 +350,6 @@ def test_serve_command_bad_input(tmp_path):
     from conftest import run_cli
 
     p = run_cli("serve", "--model", str(tmp_path / "missing.gguf"), timeout=60)
-    assert p.returncode == 1 and "model file not found" in p.stderr
+    assert p.returncode == 2 and p.stderr.strip() == f"error: model file not found: {tmp_path / 'missing.gguf'}"
     p = run_cli("serve", "--model", "m.gguf", "--parallel", "0", timeout=60)
     assert p.returncode == 2 and "--parallel" in p.stderr

@@ -10,9 +10,21 @@ streaming response is cancelled by Starlette when the connection closes (the gen
 cancels the request), a non-streaming one polls `is_disconnected()` while it waits. Cancellation
 frees the slot and its KV cache before the next engine step.
 
-Every failure answers with an OpenAI-style error body (server_requests.APIError): malformed JSON,
-wrong field types, unsupported options and prompts longer than a slot are 400, a wrong or missing
-API key 401, a full queue 429, unknown routes 404. Response bodies are completion_format's shapes.
+The server survives every request. Every failure answers with an OpenAI-style error body
+(server_requests.APIError): malformed JSON, JSON nested too deep, wrong field types, out-of-range
+numbers (the engine's ranges), unsupported options and prompts longer than a slot are 400, a wrong
+or missing API key 401, a body over `max_body` bytes 413 (checked on Content-Length and while a
+chunked body is read), a full queue 429, unknown routes 404, a request the scheduler failed 500
+(that request alone: its slot is freed), a stopped or stalled scheduler 503 (/health too). Body
+parsing, validation, chat rendering and tokenization run in worker threads (tokenization through a
+`_core.Vocab`, which releases the GIL), so a large prompt never holds up the event loop; a prompt
+with more bytes than a slot's tokens could ever hold is refused before it is tokenized.
+Response bodies are completion_format's shapes. GET /openapi.json describes the routes
+(server_openapi); the handlers' own checks stay the authority.
+
+Shutdown (SIGTERM / SIGINT): the listening socket closes, in-flight requests get `shutdown_timeout`
+seconds to finish, then uvicorn cancels them (which cancels their scheduler requests) and exits,
+also while a streaming client stays connected.
 
 `python -m bonsai_runner.server --model m.gguf` and `bonsai serve --model m.gguf` take the options
 of commands/serve.py.
@@ -22,20 +34,26 @@ of commands/serve.py.
 import asyncio
 import json
 import os
+import socket
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
 from . import completion_format as fmt
 from .chat_template import ChatTemplate
-from .errors import BonsaiError
-from .scheduler import GenerationRequest, InvalidRequestError, QueueFullError, Scheduler, StreamEvent
+from .errors import BonsaiError, check_model_file
+from .scheduler import (GenerationRequest, InvalidRequestError, QueueFullError, Scheduler,
+                        SchedulerUnavailableError, StreamEvent)
 from .server_requests import (APIError, bad_request, completion_prompt, from_invalid, parse_json_body,
                               sampling_args, stream_flags)
 from .vocab_facts import adds_bos, end_of_generation_ids, token_text
 
-__all__ = ["ServingEngine", "create_app", "run_server", "main"]
+__all__ = ["ServingEngine", "create_app", "run_server", "bind_socket", "main", "DEFAULT_MAX_BODY",
+           "DEFAULT_SHUTDOWN_TIMEOUT"]
 
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
+DEFAULT_MAX_BODY = 4 << 20  # bytes of a request body (--max-body)
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0  # seconds in-flight requests get after SIGTERM (--shutdown-timeout)
 
 
 class ServingEngine:
@@ -44,25 +62,34 @@ class ServingEngine:
     def __init__(self, model_path: str, *, n_parallel: int = 4, n_ctx_slot: int = 2048, n_batch: int = 512,
                  n_threads: int = 0, cache_prompt: bool = True, queue_limit: int = 64,
                  chat_template: Optional[str] = None, model_alias: Optional[str] = None, n_gpu_layers: int = 0,
-                 type_k: str = "f16", type_v: str = "f16", flash_attn: bool = False, verbose: bool = False):
+                 type_k: str = "f16", type_v: str = "f16", flash_attn: bool = False, verbose: bool = False,
+                 fault_injection: bool = False, stall_timeout: float = 120.0):
         from . import _core
 
-        if not os.path.isfile(model_path):
-            raise BonsaiError(f"model file not found: {model_path}")
+        check_model_file(model_path)
         self.model_id = model_alias or os.path.basename(model_path)
         self.created = int(time.time())
         self._model = _core.Model(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
         try:
-            self._setup(_core, chat_template, n_parallel=n_parallel, n_ctx_slot=n_ctx_slot, n_batch=n_batch,
-                        n_threads=n_threads, cache_prompt=cache_prompt, queue_limit=queue_limit, type_k=type_k,
-                        type_v=type_v, flash_attn=flash_attn)
+            self._setup(_core, model_path, chat_template, n_parallel=n_parallel, n_ctx_slot=n_ctx_slot,
+                        n_batch=n_batch, n_threads=n_threads, cache_prompt=cache_prompt, queue_limit=queue_limit,
+                        type_k=type_k, type_v=type_v, flash_attn=flash_attn, fault_injection=fault_injection,
+                        stall_timeout=stall_timeout)
         except BaseException:
             self._model.close()
             raise
 
-    def _setup(self, _core, chat_template: Optional[str], **scheduler_args) -> None:
+    def _setup(self, _core, model_path: str, chat_template: Optional[str], **scheduler_args) -> None:
         self.metadata = dict(self._model.metadata)
         self.n_vocab = int(self._model.n_vocab)
+        # The file's tokenizer once more, as a _core.Vocab: its tokenize releases the GIL (Model's does
+        # not), so a long prompt tokenized in a worker thread leaves the event loop running.
+        self._vocab = _core.Vocab.from_gguf(model_path)
+        if int(self._vocab.n_vocab) != self.n_vocab:
+            raise BonsaiError(f"{model_path}: the tokenizer has {self._vocab.n_vocab} tokens but the model "
+                              f"{self.n_vocab}")
+        # No token covers more prompt bytes than its longest piece (special tokens: their text).
+        longest = max((len(self._vocab.token_to_piece(i, True)) for i in range(self.n_vocab)), default=1)
         self._add_bos = adds_bos(self._model)
         self._bos = int(self._model.bos)
         def piece(t: int) -> bytes:
@@ -76,6 +103,8 @@ class ServingEngine:
             self.chat = ChatTemplate.from_metadata(self.metadata, bos_token=bos_text, eos_token=eos_text)
         eog = end_of_generation_ids(_core, self._model, self.metadata, self.n_vocab, False)
         self.scheduler = Scheduler(self._model, eog_ids=eog, **scheduler_args)
+        self.fault_injection = self.scheduler.fault_injection
+        self._max_prompt_bytes = 2 * max(longest, 8) * self.scheduler.n_ctx_slot
 
     def close(self) -> None:
         self.scheduler.close()
@@ -85,7 +114,7 @@ class ServingEngine:
         """Tokens and text of a completion prompt (text: BOS as the vocabulary asks, special-token
         text parsed, as Llama does; token ids are taken as they are)."""
         if isinstance(prompt, str):
-            return list(self._model.tokenize(_utf8(prompt, "prompt"), add_special=True, parse_special=True)), prompt
+            return self._tokenize(_utf8(prompt, "prompt"), "prompt", add_special=True), prompt
         bad = next((t for t in prompt if not 0 <= t < self.n_vocab), None)
         if bad is not None:
             raise bad_request(f"invalid token id {bad} in the prompt: ids must be in [0, {self.n_vocab})",
@@ -97,12 +126,19 @@ class ServingEngine:
             text = self.chat.render(messages, add_generation_prompt=True, tools=tools)
         except BonsaiError as e:
             raise bad_request(str(e), "messages", "invalid_value") from None
-        tokens = list(self._model.tokenize(_utf8(text, "messages"), add_special=False, parse_special=True))
+        tokens = self._tokenize(_utf8(text, "messages"), "messages", add_special=False)
         if self._add_bos and tokens[:1] != [self._bos]:
             tokens.insert(0, self._bos)
         if not tokens:
             raise bad_request("the rendered chat prompt is empty", "messages", "invalid_value")
         return tokens
+
+    def _tokenize(self, text: bytes, param: str, add_special: bool) -> list[int]:
+        if len(text) > self._max_prompt_bytes:
+            raise bad_request(f"the {param} is {len(text)} bytes, more than a slot of {self.scheduler.n_ctx_slot} "
+                              "tokens (prompt + completion) can hold; shorten it or start the server with a larger "
+                              "--ctx-size", param, "context_length_exceeded")
+        return list(self._vocab.tokenize(text, add_special=add_special, parse_special=True))
 
     def submit(self, tokens: list[int], args: dict, on_event) -> GenerationRequest:
         try:
@@ -111,6 +147,8 @@ class ServingEngine:
             raise from_invalid(e) from None
         except QueueFullError as e:
             raise APIError(429, str(e), "rate_limit_exceeded", None, "queue_full") from None
+        except SchedulerUnavailableError as e:
+            raise APIError(503, str(e), "server_error", None, "unavailable") from None
 
 
 def _utf8(text: str, param: str) -> bytes:
@@ -119,6 +157,87 @@ def _utf8(text: str, param: str) -> bytes:
     except UnicodeEncodeError:
         raise bad_request(f"'{param}' is not valid Unicode (it holds an unpaired surrogate escape such as "
                           "\\ud800); send UTF-8 text", param, "invalid_value") from None
+
+
+@dataclass
+class _Job:
+    """A validated, tokenized request, ready to submit."""
+
+    tokens: list[int]
+    args: dict  # GenerationRequest keyword arguments
+    stream: bool
+    include_usage: bool
+    echo_text: str = ""  # the prompt text to echo before the completion ("" = no echo)
+
+
+def _fault_arg(engine: ServingEngine, body: dict, args: dict) -> None:
+    """`debug_fault` is honoured only by a server started with fault injection (tests, the soak)."""
+    if engine.fault_injection and body.get("debug_fault") is not None:
+        args["fault"] = body["debug_fault"]
+
+
+def _completion_job(engine: ServingEngine, raw: bytes) -> _Job:
+    """Parses, validates and tokenizes a /v1/completions body (CPU work: runs in a worker thread)."""
+    body = parse_json_body(raw)
+    stream, include_usage = stream_flags(body)
+    args = sampling_args(body, chat=False)
+    prompt = completion_prompt(body)
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise bad_request("'echo' must be a boolean", "echo", "invalid_type")
+    if body.get("suffix"):
+        raise bad_request("suffix (fill-in-the-middle) is not supported by the server", "suffix",
+                          "unsupported_value")
+    _fault_arg(engine, body, args)
+    tokens, prompt_text = engine.completion_tokens(prompt)
+    return _Job(tokens, args, stream, include_usage, prompt_text if echo else "")
+
+
+def _chat_job(engine: ServingEngine, raw: bytes) -> _Job:
+    """Parses, validates, renders and tokenizes a /v1/chat/completions body (in a worker thread)."""
+    body = parse_json_body(raw)
+    stream, include_usage = stream_flags(body)
+    args = sampling_args(body, chat=True)
+    if "messages" not in body:
+        raise bad_request("'messages' is required: a list of {role, content} objects", "messages", "missing")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("'tools' must be a list", "tools", "invalid_type")
+    tokens = engine.chat_tokens(body["messages"], tools)
+    stops = [] if args["stop"] is None else [args["stop"]] if isinstance(args["stop"], str) else list(args["stop"])
+    if engine.chat.eos_token:
+        stops.append(engine.chat.eos_token)
+    args["stop"] = stops
+    _fault_arg(engine, body, args)
+    return _Job(tokens, args, stream, include_usage)
+
+
+def _too_large(size: Optional[int], limit: int) -> APIError:
+    what = f"{size} bytes" if size is not None else f"over {limit} bytes"
+    return APIError(413, f"the request body is {what}, more than this server accepts ({limit} bytes, --max-body); "
+                    "send a shorter prompt or start the server with a larger --max-body", "invalid_request_error",
+                    None, "request_too_large")
+
+
+async def _read_body(request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed `limit` bytes: from Content-Length
+    before reading, and while reading a chunked (or mislabelled) body."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            raise bad_request(f"invalid Content-Length header {declared!r}", code="invalid_header") from None
+        if n > limit:
+            raise _too_large(n, limit)
+    parts: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise _too_large(None, limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 class _EventQueue:
@@ -227,15 +346,18 @@ def _metrics_text(engine: ServingEngine) -> str:
     return "\n".join(lines) + "\n"
 
 
-def create_app(engine: ServingEngine, api_key: Optional[str] = None):
+def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: int = DEFAULT_MAX_BODY):
     """The FastAPI application serving `engine`; `api_key` (if set) is required as a Bearer token
-    on the /v1 routes."""
+    on the /v1 routes; request bodies over `max_body` bytes are refused with 413."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    from .server_openapi import openapi_document
+
     app = FastAPI(title="bonsai-runner", docs_url=None, redoc_url=None, openapi_url=None)
+    schema = openapi_document(max_body=max_body, api_key=api_key is not None, n_vocab=engine.n_vocab)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -267,9 +389,17 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None):
 
     @app.get("/health")
     async def health():
-        s = engine.scheduler.stats()
-        return {"status": "ok", "slots_idle": s["slots_total"] - s["slots_busy"],
-                "slots_processing": s["slots_busy"], "queue_depth": s["queue_depth"]}
+        h = engine.scheduler.health()  # takes no lock: answers even when the scheduler is stuck
+        body = {"status": h["state"], "slots_idle": h["slots_total"] - h["slots_busy"],
+                "slots_processing": h["slots_busy"], "queue_depth": h["queue_depth"]}
+        if h["state"] == "ok":
+            return body
+        body["error"] = APIError(503, h["detail"], "server_error", None, "unavailable").body()["error"]
+        return JSONResponse(body, status_code=503)
+
+    @app.get("/openapi.json")
+    async def openapi():
+        return schema
 
     @app.get("/metrics")
     async def metrics():
@@ -284,19 +414,10 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None):
     @app.post("/v1/completions")
     async def completions(request: Request):
         check_key(request)
-        body = parse_json_body(await request.body())
-        stream, include_usage = stream_flags(body)
-        args = sampling_args(body, chat=False)
-        prompt = completion_prompt(body)
-        echo = body.get("echo")
-        if echo is not None and not isinstance(echo, bool):
-            raise bad_request("'echo' must be a boolean", "echo", "invalid_type")
-        if body.get("suffix"):
-            raise bad_request("suffix (fill-in-the-middle) is not supported by the server", "suffix",
-                              "unsupported_value")
-        tokens, prompt_text = engine.completion_tokens(prompt)
+        job = await asyncio.to_thread(_completion_job, engine, await _read_body(request, max_body))
+        stream, include_usage, echo, prompt_text = job.stream, job.include_usage, bool(job.echo_text), job.echo_text
         events = _EventQueue(asyncio.get_running_loop())
-        req = engine.submit(tokens, args, events)
+        req = engine.submit(job.tokens, job.args, events)
         cid, created = fmt.new_completion_id()
         model = engine.model_id
         if not stream:
@@ -324,21 +445,10 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None):
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_key(request)
-        body = parse_json_body(await request.body())
-        stream, include_usage = stream_flags(body)
-        args = sampling_args(body, chat=True)
-        if "messages" not in body:
-            raise bad_request("'messages' is required: a list of {role, content} objects", "messages", "missing")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise bad_request("'tools' must be a list", "tools", "invalid_type")
-        tokens = engine.chat_tokens(body["messages"], tools)
-        stops = [] if args["stop"] is None else [args["stop"]] if isinstance(args["stop"], str) else list(args["stop"])
-        if engine.chat.eos_token:
-            stops.append(engine.chat.eos_token)
-        args["stop"] = stops
+        job = await asyncio.to_thread(_chat_job, engine, await _read_body(request, max_body))
+        stream, include_usage = job.stream, job.include_usage
         events = _EventQueue(asyncio.get_running_loop())
-        req = engine.submit(tokens, args, events)
+        req = engine.submit(job.tokens, job.args, events)
         cid, created = fmt.new_completion_id()
         model = engine.model_id
         if not stream:
@@ -371,29 +481,51 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None):
     return app
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not yet listening); any failure (port out of range or in
+    use, an unknown host, no permission) is one BonsaiError that says which address and why."""
+    if not 0 <= port <= 65535:
+        raise BonsaiError(f"--port {port} is out of range: give a TCP port in 0..65535 (0 = any free port)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE)[0]
+    except (OSError, UnicodeError) as e:
+        raise BonsaiError(f"cannot listen on {host}:{port}: unknown host ({e}); give an address such as "
+                          "127.0.0.1 or 0.0.0.0") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        hint = "; stop the other server or choose another --port" if e.errno == 98 else ""
+        raise BonsaiError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+    return sock
+
+
 def run_server(engine: ServingEngine, host: str = "127.0.0.1", port: int = 8080, api_key: Optional[str] = None,
-               log_level: str = "warning") -> None:
-    """Serves `engine` until interrupted (uvicorn handles SIGINT/SIGTERM)."""
+               log_level: str = "warning", max_body: int = DEFAULT_MAX_BODY,
+               shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT, sock: Optional[socket.socket] = None) -> None:
+    """Serves `engine` until SIGTERM / SIGINT, on `sock` (from bind_socket) or host:port. On the
+    signal, in-flight requests get `shutdown_timeout` seconds, then they are cancelled."""
     import uvicorn
 
-    uvicorn.Server(uvicorn.Config(create_app(engine, api_key), host=host, port=port, log_level=log_level,
-                                  access_log=False)).run()
+    if sock is None:
+        sock = bind_socket(host, port)
+    config = uvicorn.Config(create_app(engine, api_key, max_body), log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=shutdown_timeout)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     import argparse
-    import sys
 
     from .commands import serve
 
     parser = argparse.ArgumentParser(prog="python -m bonsai_runner.server", description=serve.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_arguments(parser)
-    try:
-        return serve.run(parser.parse_args(argv))
-    except BonsaiError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return serve.run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@
 Every problem with a request becomes an `APIError` (HTTP status, message, OpenAI error `type`,
 the offending `param`, a `code`), rendered as `{"error": {"message", "type", "param", "code"}}`,
 the body the official clients parse into BadRequestError / AuthenticationError / RateLimitError.
-Parameters are type-checked here and range-checked by `GenerationRequest`; unknown fields are
-ignored (clients send vendor extensions), but fields the server cannot honour (n > 1, best_of,
-logprobs, suffix, several prompts) are refused rather than silently dropped.
+Parameters are type-checked and range-checked here, against the ranges the engine takes
+(engine_limits: C int counts, uint64 seed), so an out-of-range value is a 400 that names the field
+and its range (GenerationRequest checks them again). Unknown fields are ignored (clients send vendor
+extensions), but fields the server cannot honour (n > 1, best_of, logprobs, suffix, several prompts)
+are refused rather than silently dropped. A body must be a JSON object nested at most
+MAX_JSON_DEPTH deep, without the NaN / Infinity extensions.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .scheduler import InvalidRequestError
 
 __all__ = ["APIError", "bad_request", "from_invalid", "parse_json_body", "sampling_args", "completion_prompt",
@@ -21,6 +25,14 @@ __all__ = ["APIError", "bad_request", "from_invalid", "parse_json_body", "sampli
 # Defaults per endpoint, as bonsai_runner.Llama's create_completion / create_chat_completion.
 COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 0.8}
 CHAT_DEFAULTS = {"max_tokens": None, "temperature": 0.2}
+
+MAX_JSON_DEPTH = 64  # nesting levels a request body may use (real requests use fewer than 10)
+
+# The ranges of the numeric fields (all inclusive but top_p's and repeat_penalty's lower bound).
+INT_RANGES = {"max_tokens": (1, INT32_MAX), "max_completion_tokens": (1, INT32_MAX), "top_k": (0, INT32_MAX),
+              "repeat_last_n": (0, INT32_MAX), "seed": (0, UINT64_MAX)}
+FLOAT_RANGES = {"temperature": (0.0, 100.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False),
+                "repeat_penalty": (0.0, 100.0, True)}
 
 
 class APIError(Exception):
@@ -41,16 +53,64 @@ def bad_request(message: str, param: Optional[str] = None, code: Optional[str] =
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _too_deep() -> APIError:
+    return bad_request(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep; send a flat "
+                       "JSON object (an OpenAI request needs only a few levels)", code="invalid_json")
+
+
+def _check_depth(value: Any) -> None:
+    """Iterative, so that it cannot itself run out of stack."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep()
+        if isinstance(v, dict):
+            todo.extend((x, depth + 1) for x in v.values() if isinstance(x, (dict, list)))
+        elif isinstance(v, list):
+            todo.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+
+
 def parse_json_body(raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON ({e}); send a JSON object, "
                           "e.g. {\"prompt\": \"Hello\"}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, not {type(body).__name__}",
                           code="invalid_json")
+    _check_depth(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request(f"'model' must be a string, not {type(model).__name__}", "model", "invalid_type")
     return body
+
+
+def _out_of_range(message: str, name: str) -> APIError:
+    return bad_request(f"'{name}'{message[len(name):]}", name, "invalid_value")
+
+
+def _int_field(body: dict, name: str) -> Optional[int]:
+    v = _typed(body, name, (int,), "an integer")
+    if v is None:
+        return None
+    lo, hi = INT_RANGES[name]
+    return check_int(name, v, lo, hi, error=_out_of_range)
+
+
+def _float_field(body: dict, name: str) -> Optional[float]:
+    v = _typed(body, name, (int, float), "a number")
+    if v is None:
+        return None
+    lo, hi, lo_open = FLOAT_RANGES[name]
+    return check_float(name, v, lo, hi, lo_open=lo_open, error=_out_of_range)
 
 
 def _typed(body: dict, name: str, kinds: tuple, what: str) -> Any:
@@ -94,15 +154,15 @@ def sampling_args(body: dict, chat: bool) -> dict:
         raise bad_request("logprobs are not supported by this server; omit logprobs", "logprobs",
                           "unsupported_value")
     defaults = CHAT_DEFAULTS if chat else COMPLETION_DEFAULTS
-    max_tokens = _typed(body, "max_tokens", (int,), "an integer")
-    if chat and max_tokens is None:
-        max_tokens = _typed(body, "max_completion_tokens", (int,), "an integer")
-    if max_tokens is None and "max_tokens" not in body:
-        max_tokens = defaults["max_tokens"]
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"'max_tokens' must be at least 1, got {max_tokens}; omit it (chat) to "
+    if _typed(body, "max_tokens", (int,), "an integer") is not None and body["max_tokens"] < 1:
+        raise bad_request(f"'max_tokens' must be at least 1, got {body['max_tokens']}; omit it (chat) to "
                           "generate until the end of text or the slot's context", "max_tokens",
                           "invalid_value")
+    max_tokens = _int_field(body, "max_tokens")
+    if chat and max_tokens is None:
+        max_tokens = _int_field(body, "max_completion_tokens")
+    if max_tokens is None and "max_tokens" not in body:
+        max_tokens = defaults["max_tokens"]
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, (str, list)):
         raise bad_request(f"'stop' must be a string or a list of strings, not {type(stop).__name__}",
@@ -112,15 +172,13 @@ def sampling_args(body: dict, chat: bool) -> dict:
     out = {"max_tokens": max_tokens, "stop": stop}
     numbers = {"temperature": defaults["temperature"], "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
     for name, default in numbers.items():
-        v = _typed(body, name, (int, float), "a number")
+        v = _float_field(body, name)
         out[name] = default if v is None else v
     for name, default in (("top_k", 40), ("repeat_last_n", 64)):
-        v = _typed(body, name, (int,), "an integer")
+        v = _int_field(body, name)
         out[name] = default if v is None else v
     out["ignore_eos"] = bool(_typed(body, "ignore_eos", (bool,), "a boolean"))
-    out["seed"] = _typed(body, "seed", (int,), "an integer")
-    if out["seed"] is not None and out["seed"] < 0:
-        raise bad_request(f"'seed' must be >= 0, got {out['seed']}", "seed", "invalid_value")
+    out["seed"] = _int_field(body, "seed")
     if body.get("logit_bias"):
         raise bad_request("logit_bias is not supported by this server; omit it", "logit_bias", "unsupported_value")
     fmt = body.get("response_format")
