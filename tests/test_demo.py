@@ -80,3 +80,20 @@ def test_demo_tiny_end_to_end(tmp_path):
     with open_gguf(q) as r:
         assert any(t.type_name == "PTQ1_0" for t in r.tensors)
         assert "bonsai.fallback_table" in r.metadata
+
+
+@engine
+def test_demo_tiny_without_cache_does_not_point_at_its_removed_directory(tmp_path):
+    """Without --cache the work directory is temporary: the summary must not send the user
+    there once it is gone (issue #13)."""
+    import os
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = run_cli("demo", "--tiny", "--max-samples", "2", "--seq-len", "32", "--chunks", "2",
+                timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = p.stdout[p.stdout.index("demo finished"):]
+    assert "--cache DIR to keep them" in summary
+    assert list(tmp_path.iterdir()) == []  # the temporary directory really is gone
+    for path in re.findall(re.escape(str(tmp_path)) + r"\S*", summary):
+        assert os.path.exists(path.rstrip(".;,")), f"the summary names {path}, which does not exist"

@@ -70,13 +70,15 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None] | None = None) -> dic
         if opts.cache:
             return _run(opts, Path(opts.cache), log)
         with tempfile.TemporaryDirectory(prefix="bonsai-demo-") as tmp:
-            return _run(opts, Path(tmp), log)
+            return _run(opts, Path(tmp), log, temporary=True)
     from .assets import default_cache_dir
 
     return _run(opts, Path(opts.cache) if opts.cache else default_cache_dir(), log)
 
 
-def _run(opts: DemoOptions, cache: Path, log) -> dict:
+def _run(opts: DemoOptions, cache: Path, log, temporary: bool = False) -> dict:
+    """The demo's steps with their files under `cache`; `temporary`: it is removed on return, so
+    the summary must not send the user there."""
     from .convert import convert
     from .quantize import QuantizeOptions, quantize_model
 
@@ -141,10 +143,15 @@ def _run(opts: DemoOptions, cache: Path, log) -> dict:
     answer = _chat(q, opts.threads, log)
     if opts.tiny:
         log("(random weights: the answer is noise; the point is the pipeline)")
+    where = ("its files were in a temporary directory, removed now; run it with --cache DIR to keep "
+             "them" if temporary else f"files in {work}")
     log(f"\ndemo finished in {time.perf_counter() - step.t0:.0f} s; verdict: "
-        f"{'PASS' if cmp.passed else 'FAIL'}; files in {work}")
-    return {"f16": str(f16), "quantized": str(q), "sizes": sizes, "passed": cmp.passed,
-            "ppl_ratio": cmp.ppl_ratio, "answer": answer}
+        f"{'PASS' if cmp.passed else 'FAIL'}; {where}")
+    result = {"f16": str(f16), "quantized": str(q), "sizes": sizes, "passed": cmp.passed,
+              "ppl_ratio": cmp.ppl_ratio, "answer": answer}
+    if temporary:  # the paths are gone once run_demo returns
+        result["f16"] = result["quantized"] = None
+    return result
 
 
 def _report_sizes(source, f16: Path, q: Path, res: dict, log) -> dict:
