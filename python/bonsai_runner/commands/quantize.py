@@ -14,6 +14,7 @@ Examples:
       --sensitivity-analysis --threshold 0.98
   bonsai quantize --model-dir ./qwen --output-dir out --target-bpw 2.5
   bonsai quantize --model-dir qwen-q4_k_m.gguf --output-dir out --outfile qwen-ptq1_0.gguf
+  bonsai quantize --model-dir ./qwen --outfile qwen-ptq1_0.gguf     # the GGUF only
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-file", default=None, help="calibration text: JSONL with a \"text\" "
                    "field per line, or plain text (blank lines separate samples); default: the "
                    "small built-in mixed set")
-    p.add_argument("--output-dir", required=True, help="PTQ1_0 directory to write")
-    p.add_argument("--outfile", default=None, help="also convert the result to this GGUF file")
+    p.add_argument("--output-dir", default=None, help="PTQ1_0 directory to write (optional with "
+                   "--outfile: then a temporary directory, removed at the end)")
+    p.add_argument("--outfile", default=None, help="also (or only) convert the result to this GGUF file")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward batch")
     p.add_argument("--calib-steps", type=int, default=0,
                    help="Adam steps refining each block's log-scales (0: off)")
@@ -75,8 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import BonsaiError
     from ..quantize import QuantizeOptions, quantize_model
 
+    if not args.output_dir and not args.outfile:
+        raise BonsaiError("nothing to write: give --output-dir (the PTQ1_0 directory), --outfile "
+                          "(the GGUF file), or both")
     opts = QuantizeOptions(
         model_dir=args.model_dir, output_dir=args.output_dir, calib_file=args.calib_file,
         outfile=args.outfile, batch_size=args.batch_size, calib_steps=args.calib_steps,
@@ -87,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         equalize=args.equalize, refine_target=args.refine_target,
         float_target=args.float_target, force=args.force, progress=not args.no_progress)
     result = quantize_model(opts)
-    print(result["output_dir"])
+    if result["output_dir"]:
+        print(result["output_dir"])
     if result.get("outfile"):
         print(result["outfile"])
     return 0

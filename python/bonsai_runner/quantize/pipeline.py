@@ -20,7 +20,8 @@ Order of work (each step fails with one clear error before anything is written):
 6. with --sensitivity-analysis, one more sweep gives each block's held-out loss increase
    (sensitivity.py); the fallback table and bits-per-weight summary are printed, and the
    directory is written under a temporary name and renamed (ptq1_dir.Ptq1DirWriter);
-7. with --outfile, the directory is converted to GGUF (convert.convert).
+7. with --outfile, the directory is converted to GGUF (convert.convert). With --outfile alone (no
+   --output-dir) the directory is a temporary one beside the GGUF, removed at the end.
 
 The per-tensor cosine / relative error in the table are measured on the calibration Hessian right
 after GPTQ (before --calib-steps refinement, whose block-level effect is reported separately);
@@ -51,7 +52,7 @@ TARGET_GAINS = ("relative", "output")    # policy.py: how --target-bpw weighs ea
 @dataclass
 class QuantizeOptions:
     model_dir: str
-    output_dir: str
+    output_dir: str | None    # None: only --outfile, through a temporary directory
     calib_file: str | None = None          # None: the built-in calibration set
     outfile: str | None = None
     batch_size: int = 8                    # sequences per forward batch
@@ -692,12 +693,45 @@ class Quantizer:
 
 
 def quantize_model(opts: QuantizeOptions, log=_stderr, loader_cls=BlockLoader) -> dict:
+    """Runs the quantizer; result["output_dir"] is None when only opts.outfile was asked for."""
+    if not opts.output_dir:
+        if not opts.outfile:
+            raise BonsaiError("nothing to write: give --output-dir (the PTQ1_0 directory), "
+                              "--outfile (the GGUF file), or both")
+        return _quantize_to_file_only(opts, log, loader_cls)
     q = Quantizer(opts, log, loader_cls)
     try:
         return q.run()
     finally:
         if hasattr(q.ckpt, "close"):
             q.ckpt.close()
+
+
+def _quantize_to_file_only(opts: QuantizeOptions, log, loader_cls) -> dict:
+    """--outfile without --output-dir: the PTQ1_0 directory goes to a temporary directory beside
+    the GGUF (same file system, which may have room where /tmp has none), removed at the end;
+    the GGUF itself is still written to a temporary name and renamed when complete."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    outfile = Path(opts.outfile)
+    if outfile.is_dir():
+        raise BonsaiError(f"--outfile {outfile} is a directory; give the path of the .gguf file to write")
+    parent = outfile.parent
+    if not parent.is_dir():
+        raise BonsaiError(f"--outfile {outfile}: directory {parent} does not exist; create it first")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{outfile.name}.ptq1-", dir=parent))
+    except OSError as e:
+        raise BonsaiError(f"--outfile {outfile}: cannot create a temporary directory in {parent} "
+                          f"({e.strerror or e}); pass --output-dir DIR for the PTQ1_0 directory") from None
+    try:
+        result = quantize_model(dataclasses.replace(opts, output_dir=str(tmp / "ptq1")), log, loader_cls)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["output_dir"] = None
+    return result
 
 
 __all__ = ["QuantizeOptions", "BlockLoader", "Quantizer", "quantize_model"]
