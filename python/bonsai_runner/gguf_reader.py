@@ -6,6 +6,14 @@ a converter can walk a large model without copying it. Tensors of ggml types the
 run (Q4_K, ...) are listed with ``supported`` False and ``engine_type`` None, and their bytes are
 readable all the same.
 
+Malformed files are one BonsaiError each, whatever is wrong: the C++ reader validates every count,
+length and type against the file's size before it allocates anything, and this facade turns the
+Python-side failures of a corrupt file into BonsaiErrors too: metadata key names and tensor names
+that are not valid UTF-8 (they are identifiers: a bad byte there means corruption), and engine
+messages quoting such a name. String *values* that are not valid UTF-8 are kept, as surrogate
+escapes (some vocabularies hold stray bytes; GGUFWriter writes them back unchanged);
+`has_invalid_utf8` finds them for display.
+
     with open_gguf("model.gguf") as g:
         g.metadata["llama.block_count"], g.value_type("llama.block_count")  # 2, (UINT32, None)
         w = g.tensor_array("output_norm.weight")      # float32, numpy-order shape
@@ -27,6 +35,25 @@ from .gguf_writer import ValueType
 _MISSING = object()
 
 
+def has_invalid_utf8(s: str) -> bool:
+    """Whether `s` holds surrogate escapes, i.e. came from bytes that are not valid UTF-8."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def escape_invalid_utf8(s: str) -> str:
+    """`s` with each byte that was not valid UTF-8 written as \\xNN (printable, encodable)."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _undecodable(e: UnicodeDecodeError) -> str:
+    data = e.object if isinstance(e.object, (bytes, bytearray)) else b""
+    return bytes(data).decode("utf-8", "backslashreplace")
+
+
 def _parse_type_name(name: str) -> tuple[ValueType, ValueType | None]:
     if name.startswith("ARRAY[") and name.endswith("]"):
         return ValueType.ARRAY, ValueType[name[6:-1]]
@@ -39,9 +66,30 @@ class GgufReader:
 
     def __init__(self, path: str | os.PathLike, use_mmap: bool = True):
         self.path = os.fspath(path)
-        self._f = _core.GgufFile(self.path, use_mmap)
+        try:
+            self._f = _core.GgufFile(self.path, use_mmap)
+        except UnicodeDecodeError as e:  # the engine's message quotes a name that is not UTF-8
+            raise BonsaiError(_undecodable(e)) from None
         self._types: dict[str, str] | None = None
         self._by_name: dict[str, Any] | None = None
+        self._tensors: list | None = None
+        try:
+            self._check_names()
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _check_names(self) -> None:
+        for i, key in enumerate(self.metadata_types):
+            if has_invalid_utf8(key):
+                raise BonsaiError(f"{self.path}: metadata key #{i} ({escape_invalid_utf8(key)!r}) is "
+                                  "not valid UTF-8: the file is corrupt (re-download or re-convert it)")
+        for i, t in enumerate(self.tensors):
+            try:
+                t.name  # noqa: B018 - the binding decodes the name on access
+            except UnicodeDecodeError as e:
+                raise BonsaiError(f"{self.path}: the name of tensor #{i} ({_undecodable(e)!r}) is not "
+                                  "valid UTF-8: the file is corrupt (re-download or re-convert it)") from None
 
     # File-level facts.
     @property
@@ -89,7 +137,9 @@ class GgufReader:
     def tensors(self) -> list:
         """Directory entries (``_core.GgufTensorInfo``: name, type_name, engine_type, file_id,
         supported, shape (numpy order), ne, n_elements, nbytes, offset), in file order."""
-        return self._f.tensors
+        if self._tensors is None:
+            self._tensors = self._f.tensors
+        return self._tensors
 
     def tensor(self, name: str):
         if self._by_name is None:

@@ -9,6 +9,10 @@ all elements over the whole file.
 The fallback layer table (which tensors were kept at a wider type than the ternary default, and
 why) is read from ``bonsai.fallback_table``: a JSON string holding a list of objects with at least
 ``tensor``, ``type`` and ``reason`` (an ARRAY[STRING] of one JSON object per row is accepted too).
+
+Strings that are not valid UTF-8 (the reader keeps them as surrogate escapes) are shown with each
+bad byte as ``\\xNN`` and listed under ``invalid_utf8`` with a warning, so the report always
+prints and serializes; anything else malformed is a BonsaiError from the reader.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BonsaiError
-from .gguf_reader import open_gguf
+from .gguf_reader import escape_invalid_utf8, has_invalid_utf8, open_gguf
 
 FALLBACK_KEY = "bonsai.fallback_table"
 LINEAR_RE = re.compile(
@@ -34,6 +38,23 @@ def is_linear_weight(name: str) -> bool:
     return LINEAR_RE.fullmatch(name) is not None
 
 
+def _printable(v: Any) -> Any:
+    """`v` (str, or lists/dicts of them, any depth) with invalid-UTF-8 bytes written as \\xNN."""
+    if isinstance(v, str):
+        return escape_invalid_utf8(v) if has_invalid_utf8(v) else v
+    if isinstance(v, list):
+        return [_printable(x) for x in v]
+    if isinstance(v, dict):
+        return {_printable(k): _printable(x) for k, x in v.items()}
+    return v
+
+
+def _holds_invalid_utf8(v: Any) -> bool:
+    if isinstance(v, str):
+        return has_invalid_utf8(v)
+    return isinstance(v, list) and any(isinstance(x, str) and has_invalid_utf8(x) for x in v)
+
+
 def summarize_value(value: Any, type_name: str) -> dict:
     """{"type", "value"} for scalars; long strings shortened with their "length"; arrays as
     {"type", "count", "first": first few items}."""
@@ -42,8 +63,8 @@ def summarize_value(value: Any, type_name: str) -> dict:
                  for v in value[:MAX_ITEMS]]
         return {"type": type_name, "count": len(value), "first": first}
     if isinstance(value, str) and len(value) > MAX_STRING:
-        return {"type": type_name, "value": value[:MAX_STRING], "length": len(value)}
-    return {"type": type_name, "value": value}
+        return {"type": type_name, "value": _printable(value[:MAX_STRING]), "length": len(value)}
+    return {"type": type_name, "value": _printable(value)}
 
 
 def parse_fallback_table(path: str, value: Any) -> list[dict]:
@@ -56,7 +77,7 @@ def parse_fallback_table(path: str, value: Any) -> list[dict]:
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise BonsaiError(f"{path}: metadata key {FALLBACK_KEY} must be a list of objects with "
                           "tensor, type and reason; re-convert the file")
-    return rows
+    return _printable(rows)
 
 
 def _architecture(md: dict) -> dict:
@@ -66,6 +87,7 @@ def _architecture(md: dict) -> dict:
         out[field] = md.get(f"{arch}.{field}")
     out["head_count"] = md.get(f"{arch}.attention.head_count")
     out["head_count_kv"] = md.get(f"{arch}.attention.head_count_kv")
+    out = {k: _printable(v) if isinstance(v, str) else v for k, v in out.items()}
     tokens = md.get("tokenizer.ggml.tokens")
     out["vocab_size"] = len(tokens) if isinstance(tokens, list) else None
     return out
@@ -84,7 +106,9 @@ def inspect_file(path: str | os.PathLike, use_mmap: bool = True) -> dict:
             "alignment": g.alignment, "data_offset": g.data_offset,
         }
     report["architecture"] = _architecture(md)
+    report["path"] = _printable(path)
     report["metadata"] = {k: summarize_value(v, types[k]) for k, v in md.items()}
+    report["invalid_utf8"] = [k for k, v in md.items() if _holds_invalid_utf8(v)]
     report["tensors"] = tensors
 
     by_type: dict[str, dict] = {}
@@ -95,7 +119,7 @@ def inspect_file(path: str | os.PathLike, use_mmap: bool = True) -> dict:
         x["elements"] += t["elements"]
         x["bytes"] += t["nbytes"]
     for x in by_type.values():
-        x["bpw"] = 8.0 * x["bytes"] / x["elements"]
+        x["bpw"] = 8.0 * x["bytes"] / x["elements"] if x["elements"] else None
     report["types"] = dict(sorted(by_type.items()))
 
     linear = [t for t in tensors if len(t["shape"]) == 2 and is_linear_weight(t["name"])]
@@ -166,7 +190,7 @@ def format_report(r: dict, tensors: bool = True) -> str:
             [[t["name"], t["type"], " x ".join(map(str, t["shape"])), t["nbytes"]]
              for t in r["tensors"]], ["name", "type", "shape", "bytes"], right={3})]
 
-    rows = [[k, x["tensors"], x["elements"], x["bytes"], f"{x['bpw']:.4f}"]
+    rows = [[k, x["tensors"], x["elements"], x["bytes"], "-" if x["bpw"] is None else f"{x['bpw']:.4f}"]
             for k, x in r["types"].items()]
     el = sum(x["elements"] for x in r["types"].values())
     by = sum(x["bytes"] for x in r["types"].values())
@@ -196,6 +220,10 @@ def format_report(r: dict, tensors: bool = True) -> str:
         else:
             out.append("  (empty: every eligible tensor is ternary)")
 
+    if r.get("invalid_utf8"):
+        out += ["", f"warning: {len(r['invalid_utf8'])} metadata keys hold strings that are not valid "
+                f"UTF-8 (bad bytes shown as \\xNN): {', '.join(r['invalid_utf8'][:MAX_ITEMS])}"
+                + (", ..." if len(r["invalid_utf8"]) > MAX_ITEMS else "")]
     if r["unsupported"]:
         n = sum(r["unsupported"].values())
         kinds = ", ".join(f"{k} ({v})" for k, v in r["unsupported"].items())
