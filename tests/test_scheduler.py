@@ -234,7 +234,9 @@ def test_invalid_token_and_empty_prompt(model, make):
     ({"top_k": 3_000_000_000}, "top_k"), ({"repeat_last_n": 3_000_000_000}, "repeat_last_n"),
     ({"max_tokens": 2**31}, "max_tokens"), ({"seed": 2**64}, "seed"), ({"seed": -1}, "seed"),
     ({"temperature": float("nan")}, "temperature"), ({"top_p": 10**400}, "top_p"),
-    ({"fault": "explode"}, "fault")])
+    ({"fault": "explode"}, "fault"),
+    # found by schemathesis: > 0 in Python, 0 as the sampler's C float (a 500 from _core.Sampler)
+    ({"top_p": 5e-324}, "top_p"), ({"repeat_penalty": 5e-324}, "repeat_penalty")])
 def test_out_of_range_parameters_name_their_range(kw, param):
     """Values the binding's C int / uint64 cannot hold are refused before they reach _core.Sampler
     (top_k 3e9 used to kill the scheduler thread with a pybind11 TypeError)."""

@@ -110,7 +110,11 @@ def _int_param(name: str, value: Any, lo: int = 0, hi: int = INT32_MAX) -> int:
 
 
 def _float_param(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> float:
-    return check_float(name, value, lo, hi, lo_open=lo_open, error=_invalid)
+    v = check_float(name, value, lo, hi, lo_open=lo_open, error=_invalid)
+    if lo_open and not np.float32(v) > lo:  # the sampler takes a C float: 5e-324 would arrive as 0
+        raise InvalidRequestError(f"{name} must be > {lo} also as a 32-bit float (at least "
+                                  f"{float(np.finfo(np.float32).smallest_subnormal):.3g}), got {value}", name)
+    return v
 
 
 def _parse_fault(fault: Any) -> Optional[tuple[str, float]]:

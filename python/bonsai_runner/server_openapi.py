@@ -112,6 +112,10 @@ def _schemas(n_vocab: int) -> dict:
                                                           "param": {"type": "string", "nullable": True},
                                                           "code": {"type": "string", "nullable": True}}}}},
         "Usage": usage,
+        # One event of a stream: `data` is a chunk (or an Error) as JSON text, or "[DONE]" at the end.
+        "ServerSentEvent": {"type": "object", "required": ["data"],
+                            "properties": {"data": {"type": "string"}, "event": {"type": "string"},
+                                           "id": {"type": "string"}}},
         "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
                        "properties": {**head, "object": {"type": "string", "enum": ["text_completion"]},
                                       "choices": {"type": "array", "minItems": 1, "items": {
@@ -163,7 +167,7 @@ def _generation(request: str, response: str, summary: str, api_key: bool) -> dic
         "responses": {"200": {"description": "the result, or server-sent events ending with `data: [DONE]` "
                                              "when stream is true",
                               "content": {"application/json": {"schema": _ref(response)},
-                                          "text/event-stream": {"schema": {"type": "string"}}}},
+                                          "text/event-stream": {"schema": _ref("ServerSentEvent")}}},
                       **_errors(*errors)}}}
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+import numpy as np
+
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .scheduler import InvalidRequestError
 
@@ -110,7 +112,11 @@ def _float_field(body: dict, name: str) -> Optional[float]:
     if v is None:
         return None
     lo, hi, lo_open = FLOAT_RANGES[name]
-    return check_float(name, v, lo, hi, lo_open=lo_open, error=_out_of_range)
+    f = check_float(name, v, lo, hi, lo_open=lo_open, error=_out_of_range)
+    if lo_open and not np.float32(f) > lo:  # the sampler takes a C float: 5e-324 would arrive as 0
+        raise bad_request(f"'{name}' must be > {lo} also as a 32-bit float (at least "
+                          f"{float(np.finfo(np.float32).smallest_subnormal):.3g}), got {v}", name, "invalid_value")
+    return f
 
 
 def _typed(body: dict, name: str, kinds: tuple, what: str) -> Any:
