@@ -87,14 +87,14 @@ def count_cases(ndjson_path: str) -> tuple[int, list[str]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="a short run: 20 cases per operation (~100 in all)")
-    p.add_argument("--max-examples", type=int, default=None, help="cases per operation and phase (default 450)")
+    p.add_argument("--max-examples", type=int, default=None, help="cases per operation and phase (default 1000)")
     p.add_argument("--min-cases", type=int, default=None, help="fail if fewer cases ran (default 2000; smoke 50)")
     p.add_argument("--seed", type=int, default=13)
     p.add_argument("--keep", action="store_true", help="keep the work directory (model, logs, reports)")
     args = p.parse_args(argv)
     if shutil.which("schemathesis") is None:
         raise SystemExit("fuzz: schemathesis is not installed (pip install schemathesis)")
-    max_examples = args.max_examples or (20 if args.smoke else 450)
+    max_examples = args.max_examples or (20 if args.smoke else 1000)
     min_cases = args.min_cases if args.min_cases is not None else (50 if args.smoke else 2000)
     work = tempfile.mkdtemp(prefix="bonsai-fuzz-")
     model = os.path.join(work, "tiny.gguf")
