@@ -147,3 +147,69 @@ def test_300_mutated_copies_of_a_tiny_model_each_report_or_fail_cleanly(tmp_path
         json.dumps(r, ensure_ascii=False).encode("utf-8")
         reported += 1
     assert errors and reported and errors + reported == 300
+
+
+# ----- Hugging Face config.json / safetensors (convert/) -----
+
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+                "vocab_size": 10, "num_hidden_layers": 1, "intermediate_size": 8, "rms_norm_eps": 1e-5}
+
+
+@pytest.mark.parametrize("key, value, msg", [
+    ("hidden_size", "abc", r'"hidden_size" must be an integer in \[0, 2147483647\], got \'abc\''),
+    ("hidden_size", [64], r'"hidden_size" must be an integer'),
+    ("hidden_size", 1e400, r'"hidden_size" must be an integer'),  # json reads 1e400 as inf
+    ("vocab_size", True, r'"vocab_size" must be an integer'),
+    ("num_hidden_layers", 10**9, r'"num_hidden_layers" must be an integer in \[0, 4096\]'),
+    ("rms_norm_eps", "x", r'"rms_norm_eps" must be a finite number'),
+    ("rope_theta", float("nan"), r'"rope_theta" must be a finite number'),
+    ("rope_scaling", [1, 2], r'"rope_scaling" must be an object or null'),
+    ("max_position_embeddings", "4096", r'"max_position_embeddings" must be an integer'),
+])
+def test_config_values_of_the_wrong_type_are_bonsai_errors(key, value, msg):
+    """int()/float()/dict() of config values raised ValueError/TypeError/OverflowError, and a huge
+    num_hidden_layers built a tensor list of that length."""
+    from bonsai_runner.convert.arch import family_for
+
+    with pytest.raises(BonsaiError, match=msg):
+        family_for({**LLAMA_CONFIG, key: value}).tensor_specs()
+
+
+def test_config_integral_float_sizes_still_work():
+    from bonsai_runner.convert.arch import family_for
+
+    assert family_for({**LLAMA_CONFIG, "hidden_size": 64.0}).hp.n_embd == 64
+
+
+@pytest.mark.parametrize("text", ["[" * 100000, '{"a": 1' + "0" * 5000 + "}"])
+def test_read_json_too_deep_or_huge_int_is_a_bonsai_error(tmp_path, text):
+    """RecursionError / ValueError (int of > 4300 digits) escaped json.loads."""
+    from bonsai_runner.convert.hf_reader import read_json
+
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    with pytest.raises(BonsaiError, match="unreadable JSON"):
+        read_json(p)
+
+
+def _safetensors(tmp_path, header: bytes, data: bytes = b""):
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return p
+
+
+@pytest.mark.parametrize("header, msg", [
+    (b"[" * 100000, "malformed safetensors header"),
+    (b'{"a": 1' + b"0" * 5000 + b"}", "malformed safetensors header"),
+    # 2**32 x 2**32 F32 wrapped to 0 bytes in int64: accepted, then np.zeros((2**32, 2**32))
+    (b'{"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}}',
+     r"data_offsets span 0 bytes but F32 \[4294967296, 4294967296\] needs"),
+    (b'{"w": {"dtype": "F32", "shape": [true, 4], "data_offsets": [0, 16]}}',
+     "malformed shape or data_offsets"),
+])
+def test_safetensors_header_problems_are_bonsai_errors(tmp_path, header, msg):
+    from bonsai_runner.convert.safetensors_file import SafetensorsFile
+
+    p = _safetensors(tmp_path, header, b"\0" * 16)
+    with pytest.raises(BonsaiError, match=msg):
+        SafetensorsFile(p).read_raw("w")

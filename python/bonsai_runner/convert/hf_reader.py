@@ -42,6 +42,9 @@ def read_json(path: str | os.PathLike, what: str | None = None) -> Any:
     except json.JSONDecodeError as e:
         raise BonsaiError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}; "
                           "fix or re-download the file") from None
+    except (RecursionError, ValueError) as e:  # nesting too deep; an integer of > 4300 digits
+        raise BonsaiError(f"{path}: unreadable JSON ({type(e).__name__}: {e}); fix or re-download "
+                          "the file") from None
 
 
 class HfCheckpoint:

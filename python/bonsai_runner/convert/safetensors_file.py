@@ -90,8 +90,8 @@ class SafetensorsFile:
             raise self._fail(f"cannot read: {e.strerror or e}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise self._fail(f"malformed safetensors header ({e})") from None
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+            raise self._fail(f"malformed safetensors header ({type(e).__name__}: {e})") from None
         if not isinstance(header, dict):
             raise self._fail("malformed safetensors header (not a JSON object)")
         data_start = 8 + n
@@ -112,11 +112,16 @@ class SafetensorsFile:
                              f"(known: {', '.join(DTYPES)})")
         shape = info.get("shape")
         offs = info.get("data_offsets")
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+        def count(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+        if (not isinstance(shape, list) or not all(count(d) for d in shape)
                 or not isinstance(offs, list) or len(offs) != 2
-                or not all(isinstance(o, int) and o >= 0 for o in offs) or offs[1] < offs[0]):
+                or not all(count(o) for o in offs) or offs[1] < offs[0]):
             raise self._fail(f"tensor {name!r}: malformed shape or data_offsets in the header")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
+        nbytes = DTYPES[dtype].itemsize
+        for d in shape:  # Python ints: a product past 2**63 must not wrap around
+            nbytes *= d
         if offs[1] - offs[0] != nbytes:
             raise self._fail(f"tensor {name!r}: data_offsets span {offs[1] - offs[0]} bytes but "
                              f"{dtype} {shape} needs {nbytes}")

@@ -82,6 +82,10 @@ def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+MAX_LAYERS = 4096        # far above any released model; bounds the tensor list built from n_layer
+MAX_DIM = 2**31 - 1      # the engine's C int
+
+
 def _need(config: dict, keys: tuple[str, ...], what: str, default=None):
     for k in keys:
         if config.get(k) is not None:
@@ -89,6 +93,22 @@ def _need(config: dict, keys: tuple[str, ...], what: str, default=None):
     if default is not None:
         return default
     raise BonsaiError(f"config.json: missing \"{keys[0]}\" ({what})")
+
+
+def _as_int(value: Any, key: str, hi: int = MAX_DIM) -> int:
+    """A config.json size: an integer (or integral float) in [0, hi], else one BonsaiError."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+        raise BonsaiError(f"config.json: \"{key}\" must be an integer in [0, {hi}], got {value!r}; "
+                          "fix the file")
+    return value
+
+
+def _as_float(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(float(value)):
+        raise BonsaiError(f"config.json: \"{key}\" must be a finite number, got {value!r}; fix the file")
+    return float(value)
 
 
 class DecoderFamily:
@@ -107,26 +127,34 @@ class DecoderFamily:
     # ----- hyperparameters and metadata -----
 
     def read_hparams(self, c: dict) -> HParams:
-        n_embd = int(_need(c, ("hidden_size", "n_embd"), "model width"))
-        n_head = int(_need(c, ("num_attention_heads", "n_head"), "attention heads"))
-        n_head_kv = int(_need(c, ("num_key_value_heads",), "KV heads", default=n_head))
+        n_embd = _as_int(_need(c, ("hidden_size", "n_embd"), "model width"), "hidden_size")
+        n_head = _as_int(_need(c, ("num_attention_heads", "n_head"), "attention heads"),
+                         "num_attention_heads")
+        n_head_kv = _as_int(_need(c, ("num_key_value_heads",), "KV heads", default=n_head),
+                            "num_key_value_heads")
         explicit = c.get("head_dim") is not None
-        head_dim = int(c["head_dim"]) if explicit else n_embd // max(n_head, 1)
+        head_dim = _as_int(c["head_dim"], "head_dim") if explicit else n_embd // max(n_head, 1)
+        rope_scaling = c.get("rope_scaling") or {}
+        if not isinstance(rope_scaling, dict):
+            raise BonsaiError(f"config.json: \"rope_scaling\" must be an object or null, got "
+                              f"{rope_scaling!r}; fix the file")
+        n_ctx = c.get("max_position_embeddings")
         hp = HParams(
-            n_vocab=int(_need(c, ("vocab_size",), "vocabulary size")),
+            n_vocab=_as_int(_need(c, ("vocab_size",), "vocabulary size"), "vocab_size"),
             n_embd=n_embd,
-            n_layer=int(_need(c, ("num_hidden_layers", "n_layer"), "number of blocks")),
+            n_layer=_as_int(_need(c, ("num_hidden_layers", "n_layer"), "number of blocks"),
+                            "num_hidden_layers", MAX_LAYERS),
             n_head=n_head,
             n_head_kv=n_head_kv,
-            n_ff=int(_need(c, ("intermediate_size",), "MLP width")),
+            n_ff=_as_int(_need(c, ("intermediate_size",), "MLP width"), "intermediate_size"),
             head_dim=head_dim,
             head_dim_explicit=explicit,
-            rms_eps=float(_need(c, ("rms_norm_eps",), "RMSNorm epsilon")),
-            rope_theta=float(c.get("rope_theta") or 10000.0),
-            n_ctx=int(c["max_position_embeddings"]) if c.get("max_position_embeddings") else None,
+            rms_eps=_as_float(_need(c, ("rms_norm_eps",), "RMSNorm epsilon"), "rms_norm_eps"),
+            rope_theta=_as_float(c.get("rope_theta") or 10000.0, "rope_theta"),
+            n_ctx=_as_int(n_ctx, "max_position_embeddings") if n_ctx else None,
             tied=bool(c.get("tie_word_embeddings", False)),
             attn_bias=self.qkv_bias or bool(c.get("attention_bias", False)),
-            rope_scaling=dict(c.get("rope_scaling") or {}),
+            rope_scaling=dict(rope_scaling),
         )
         if min(hp.n_vocab, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_ff) <= 0:
             raise BonsaiError("config.json: sizes must be positive")
