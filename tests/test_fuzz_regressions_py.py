@@ -213,3 +213,16 @@ def test_safetensors_header_problems_are_bonsai_errors(tmp_path, header, msg):
     p = _safetensors(tmp_path, header, b"\0" * 16)
     with pytest.raises(BonsaiError, match=msg):
         SafetensorsFile(p).read_raw("w")
+
+
+# ----- calibration files (quantize/calibration.py) -----
+
+@pytest.mark.parametrize("line", ['{"text": 1' + "0" * 5000 + "}", "[" * 100000])
+def test_calibration_line_with_huge_int_or_deep_nesting_is_a_bonsai_error(tmp_path, line):
+    """ValueError (int of > 4300 digits) / RecursionError escaped json.loads."""
+    from bonsai_runner.quantize.calibration import read_samples
+
+    p = tmp_path / "calib.jsonl"
+    p.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(BonsaiError, match="line 2 is unreadable JSON"):
+        read_samples(p)

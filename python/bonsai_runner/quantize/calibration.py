@@ -201,6 +201,9 @@ def _jsonl_samples(p: Path, lines: list[str]) -> list[tuple[str, str | None]]:
         except json.JSONDecodeError as e:
             raise BonsaiError(f"calibration file {p}: line {i} is not valid JSON ({e.msg}); each "
                               "line must be an object like {\"text\": \"...\"}") from None
+        except (ValueError, RecursionError) as e:  # an int of > 4300 digits; nesting too deep
+            raise BonsaiError(f"calibration file {p}: line {i} is unreadable JSON ({e}); each "
+                              "line must be an object like {\"text\": \"...\"}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise BonsaiError(f"calibration file {p}: line {i} has no string \"text\" field")
         if obj["text"].strip():
