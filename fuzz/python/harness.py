@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "python") not in sys.path:
-    sys.path.insert(0, str(ROOT / "python"))
+if str(ROOT / "python") not in sys.path:  # a fallback: an installed bonsai_runner (CI) wins
+    sys.path.append(str(ROOT / "python"))
 
 
 def scratch_dir() -> Path:

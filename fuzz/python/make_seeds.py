@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT / "python"))  # a fallback: an installed bonsai_runner (CI) wins
 
 from bonsai_runner.convert.safetensors_file import write_safetensors  # noqa: E402
 from bonsai_runner.gguf_writer import GGUFWriter, ValueType  # noqa: E402

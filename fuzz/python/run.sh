@@ -9,7 +9,6 @@ runs="${1:-2000}"
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="$root/build/fuzz/python"
-export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 python3 "$here/make_seeds.py" "$work/seeds" > /dev/null
 for target in gguf hf calibration; do
     corpus="$work/corpus/$target"

@@ -44,8 +44,9 @@ def write_model(path: str) -> None:
 
 
 def start_server(model: str, port: int, log) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "python"),
-                                                                    os.environ.get("PYTHONPATH")])))
+    # the source tree is a fallback: an installed bonsai_runner (CI's virtual environment) wins
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                                    os.path.join(ROOT, "python")])))
     proc = subprocess.Popen([sys.executable, "-m", "bonsai_runner.server", "--model", model, "--host", "127.0.0.1",
                              "--port", str(port), "--parallel", "4", "--ctx-size", "256", "--threads", "1",
                              "--queue-limit", "64"], stdout=log, stderr=subprocess.STDOUT, env=env)
