@@ -87,7 +87,7 @@ def test_parallel_seeded_sampling_uses_seed_plus_index(model, tmp_path):
 
 
 @pytest.mark.parametrize("case,msg", [
-    ("missing", "cannot read the prompt file"), ("empty", "has no prompts"), ("blank", "has no prompts"),
+    ("missing", "cannot open the prompt file"), ("empty", "has no prompts"), ("blank", "has no prompts"),
     ("zero", "--parallel"), ("too_many", "--parallel"), ("with_p", "-f file"), ("too_long", "line 2")])
 def test_parallel_bad_input(model, tmp_path, case, msg):
     args = ["--parallel", "2", "-f", str(tmp_path / "nope.txt")]

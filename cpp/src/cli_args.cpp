@@ -10,13 +10,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <sstream>
 #include <utility>
 #include <vector>
 
 #include "bonsai/error.h"
+#include "bonsai/input_file.h"
 
 namespace bonsai {
 
@@ -37,23 +37,45 @@ struct Flag {
     throw Error("invalid value '" + value + "' for " + flag + ": expected " + expected);
 }
 
+// strtoll/strtod skip leading white space; a value must be the number and nothing else.
+bool starts_with_space(const std::string& v) {
+    return !v.empty() && std::isspace(static_cast<unsigned char>(v[0]));
+}
+
 int64_t parse_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi,
                   const std::string& expected) {
     errno = 0;
     char* end = nullptr;
     const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) bad_value(flag, v, expected);
+    if (v.empty() || starts_with_space(v) || *end != '\0' || errno == ERANGE || x < lo || x > hi)
+        bad_value(flag, v, expected);
     return x;
 }
 
-float parse_float(const std::string& flag, const std::string& v, double lo, double hi,
+// A finite number in [lo, hi], or in (lo, hi] when lo_open (the bounds the engine accepts).
+float parse_float(const std::string& flag, const std::string& v, double lo, double hi, bool lo_open,
                   const std::string& expected) {
     errno = 0;
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x) || x < lo || x > hi)
+    if (v.empty() || starts_with_space(v) || *end != '\0' || errno == ERANGE || !std::isfinite(x) ||
+        (lo_open ? x <= lo : x < lo) || x > hi)
         bad_value(flag, v, expected);
     return static_cast<float>(x);
+}
+
+// -1 (a random seed) or a seed in [0, kRandomSeed): every seed a run prints, 64-bit included.
+uint64_t parse_seed(const std::string& flag, const std::string& v) {
+    const std::string expected = "-1 (random) or an integer from 0 to " + std::to_string(kRandomSeed - 1);
+    if (v == "-1") return kRandomSeed;
+    const bool digits = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) != 0;
+    });
+    if (!digits) bad_value(flag, v, expected);
+    errno = 0;
+    const unsigned long long x = std::strtoull(v.c_str(), nullptr, 10);
+    if (errno == ERANGE || x >= kRandomSeed) bad_value(flag, v, expected);
+    return x;
 }
 
 GgmlType parse_cache_type(const std::string& flag, const std::string& v) {
@@ -69,8 +91,8 @@ std::vector<Flag> make_flags(RunOptions& o) {
             dst = static_cast<int32_t>(parse_int(f, v, lo, hi, expected));
         };
     };
-    auto f32 = [](float& dst, double lo, double hi, std::string expected) {
-        return [&dst, lo, hi, expected](S f, S v) { dst = parse_float(f, v, lo, hi, expected); };
+    auto f32 = [](float& dst, double lo, double hi, bool lo_open, std::string expected) {
+        return [&dst, lo, hi, lo_open, expected](S f, S v) { dst = parse_float(f, v, lo, hi, lo_open, expected); };
     };
     auto str = [](std::string& dst) { return [&dst](S, S v) { dst = v; }; };
     auto on = [](bool& dst) { return [&dst](bool b) { dst = b; }; };
@@ -88,7 +110,12 @@ std::vector<Flag> make_flags(RunOptions& o) {
          [&o](S, S v) { o.prompt = v; o.has_prompt = true; }, nullptr},
         {{"-f", "--file"}, "FILE", "read the prompt from a text file", str(o.prompt_file), nullptr},
         {{"-n", "--n-predict"}, "N", "tokens to generate; -1 = until end of text or context full (default -1)",
-         i32(o.n_predict, -1, kMaxI32, "an integer >= -1"), nullptr},
+         [&o](S f, S v) {
+             const char* expected = "-1 (until end of text) or an integer from 1 to 2147483647";
+             o.n_predict = static_cast<int32_t>(parse_int(f, v, -1, kMaxI32, expected));
+             if (o.n_predict == 0) bad_value(f, v, expected);
+         },
+         nullptr},
         {{"-i", "--interactive"}, "", "interactive chat (ChatML turns when the vocabulary has <|im_start|>, else plain turns)", nullptr,
          on(o.interactive)},
         {{"--inspect"}, "", "print the model's metadata, tensor table, per-type totals and bits "
@@ -96,20 +123,21 @@ std::vector<Flag> make_flags(RunOptions& o) {
         {{"-c", "--ctx-size"}, "N", "context length in tokens; 0 = the model's training context (default 4096)",
          i32(o.ctx_size, 0, kMaxI32, "an integer >= 0"), nullptr},
         {{"--temp"}, "T", "sampling temperature; 0 = greedy (default 0.8)",
-         f32(o.temp, 0, 100, "a number >= 0"), nullptr},
+         f32(o.temp, 0, 100, false, "a number from 0 to 100 (0 = greedy)"), nullptr},
         {{"--top-p"}, "P", "nucleus sampling: keep the smallest set of tokens with probability >= P; "
-         "1 = off (default 0.95)", f32(o.top_p, 0, 1, "a number between 0 and 1"), nullptr},
+         "0 < P <= 1; 1 = off (default 0.95)",
+         f32(o.top_p, 0, 1, true, "a number between 0 and 1, greater than 0 (1 = off)"), nullptr},
         {{"--top-k"}, "K", "keep the K most likely tokens; 0 = off (default 40)",
          i32(o.top_k, 0, kMaxI32, "an integer >= 0"), nullptr},
         {{"--min-p"}, "P", "drop tokens below P times the most likely token's probability; 0 = off "
-         "(default 0.05)", f32(o.min_p, 0, 1, "a number between 0 and 1"), nullptr},
+         "(default 0.05)", f32(o.min_p, 0, 1, false, "a number between 0 and 1 (0 = off)"), nullptr},
         {{"--repeat-penalty"}, "X", "penalize tokens seen in the last --repeat-last-n; 1 = off "
-         "(default 1.0)", f32(o.repeat_penalty, 1e-6, 100, "a number > 0"), nullptr},
+         "(default 1.0)", f32(o.repeat_penalty, 0, 100, true, "a number in (0, 100] (1 = off)"), nullptr},
         {{"--repeat-last-n"}, "N", "tokens considered by --repeat-penalty; -1 = whole context, 0 = "
          "off (default 64)", i32(o.repeat_last_n, -1, kMaxI32, "an integer >= -1"), nullptr},
-        {{"-s", "--seed"}, "N", "random seed, 0 .. 4294967295; -1 = random (default -1)",
-         [&o](S f, S v) { o.seed = parse_int(f, v, -1, 4294967295LL, "an integer from -1 to 4294967295"); },
-         nullptr},
+        {{"-s", "--seed"}, "N", "random seed, 0 .. 18446744073709551614 (the seed a run prints replays it); "
+         "-1 = random (default -1)",
+         [&o](S f, S v) { o.seed = parse_seed(f, v); }, nullptr},
         {{"-ngl", "--n-gpu-layers"}, "N", "layers to run on the GPU, the rest on the CPU; -1 = all "
          "(default -1; ignored without CUDA)", i32(o.n_gpu_layers, -1, kMaxI32, "an integer >= -1"),
          nullptr},
@@ -199,7 +227,8 @@ void apply_args(const std::vector<Flag>& flags, const std::vector<std::string>& 
         } else {
             throw Error(name + " needs a value (" + f->metavar + ")");
         }
-        f->set_value(name, value);
+        // a short flag is named with its long name too: "invalid value '0' for -n (--n-predict)"
+        f->set_value(name == f->long_name() ? name : name + " (" + f->long_name() + ")", value);
     }
 }
 
@@ -286,12 +315,8 @@ private:
 };
 
 void apply_config(const std::vector<Flag>& flags, const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("--config " + path + ": cannot open the file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::vector<std::string> args;
-    for (const auto& [raw_key, value] : ConfigReader(ss.str(), path).read_object()) {
+    const std::string text = read_input_file(path, "the --config file", "--config", size_t{1} << 20);
+    for (const auto& [raw_key, value] : ConfigReader(text, path).read_object()) {
         std::string key = raw_key;
         for (char& ch : key)
             if (ch == '_') ch = '-';

@@ -14,16 +14,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bonsai/context.h"
 #include "bonsai/error.h"
+#include "bonsai/input_file.h"
 #include "bonsai/model.h"
 #include "bonsai/sampling.h"
 #include "bonsai/vocab.h"
@@ -48,9 +46,7 @@ struct Timing {
 }  // namespace
 
 std::string read_prompt_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot read the prompt file '" + path + "'; check the path given to -f");
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return read_input_file(path, "the prompt file", "-f", size_t{1} << 30);
 }
 
 std::shared_ptr<const Model> load_model_for_run(const RunOptions& o) {
@@ -82,7 +78,7 @@ SamplingParams sampling_from(const RunOptions& o) {
     p.min_p = o.min_p;
     p.repeat_penalty = o.repeat_penalty;
     p.repeat_last_n = o.repeat_last_n;
-    if (o.seed >= 0) p.seed = static_cast<uint64_t>(o.seed);
+    p.seed = o.seed;
     validate_sampling_params(p);
     return p;
 }

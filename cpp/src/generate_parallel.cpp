@@ -1,8 +1,9 @@
 // bonsai_run --parallel N: many prompts generated concurrently by continuous batching.
 //
 // Input: every non-blank line of -f FILE is one prompt (a trailing '\r' is dropped); prompt i
-// (0-based, blank lines not counted) samples with seed + i, so with the same seed it draws the same
-// tokens as a single run `--seed <seed+i> -p <line>`, and with --temp 0 the same text.
+// (0-based, blank lines not counted) samples with seed + i (modulo 2^64 - 1, see offset_seed), so
+// with the same seed it draws the same tokens as a single run `--seed <seed+i> -p <line>`, and with
+// --temp 0 the same text.
 //
 // Memory: one Context with S = min(N, prompts) sequence ids (the slots) and S * C KV cells, where
 // C = --ctx-size (0: the model's training context) is the context of EACH slot: a sequence holds
@@ -34,7 +35,6 @@
 #include <climits>
 #include <cstdio>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -188,7 +188,7 @@ private:
         slot.seq = index;
         slot.pending = -1;
         SamplingParams sp = sp_;
-        sp.seed = seed_base_ + static_cast<uint64_t>(index);
+        sp.seed = offset_seed(seed_base_, static_cast<uint64_t>(index));
         slot.sampler = std::make_unique<Sampler>(sp);
         for (int32_t t : prompt) slot.sampler->accept(t);
         p.n_reused = static_cast<int64_t>(reuse);
@@ -344,7 +344,7 @@ int run_generate_parallel(const RunOptions& o) {
     const double load_ms = ms_between(t_load, Clock::now());
     print_load_report(*model, ctx, o);
 
-    const uint64_t seed_base = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
+    const uint64_t seed_base = o.seed == kRandomSeed ? random_seed() : o.seed;
     std::fprintf(stderr, "parallel: %zu prompts, %d slots of %lld tokens each, prompt cache %s\n", seqs.size(),
                  n_slots, static_cast<long long>(slot_ctx), o.cache_prompt ? "on" : "off");
     std::fprintf(stderr, "sampling: temp %.2f, top_k %d, top_p %.2f, min_p %.2f, repeat_penalty %.2f "

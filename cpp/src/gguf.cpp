@@ -26,7 +26,6 @@ namespace bonsai {
 
 namespace {
 
-constexpr uint32_t kDefaultAlignment = 32;
 constexpr int kMaxDims = 4;
 // Smallest encodings, used to reject absurd counts before allocating for them.
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;          // empty key, type, one-byte value
@@ -78,12 +77,6 @@ bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueT
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-// "Q4_K", or "unknown ggml type id 99" for ids without a name.
-std::string type_label(uint32_t id) {
-    const std::string name = ggml_type_name(id);
-    return name.rfind("type ", 0) == 0 ? "unknown ggml type id " + std::to_string(id) : name;
-}
 
 // Per-tensor facts gathered while reading the infos and needed to place the tensor.
 struct TensorGeometry {
@@ -332,7 +325,7 @@ private:
             g.type_size = fg->type_size;
         }
         if (g.block_size > 0 && t.ne[0] % g.block_size != 0)
-            fail("tensor " + quoted(t.name) + " of type " + type_label(t.file_id) +
+            fail("tensor " + quoted(t.name) + " of type " + ggml_type_label(t.file_id) +
                  " has rows of " + std::to_string(t.ne[0]) +
                  " elements, not a multiple of its block size " + std::to_string(g.block_size) +
                  "; the file is corrupt");
@@ -479,7 +472,7 @@ const GgufTensor& GgufFile::get_tensor(const std::string& name) const {
 void GgufFile::check_engine_types() const {
     for (const GgufTensor& t : tensors_) {
         if (t.supported) continue;
-        fail("tensor " + quoted(t.name) + " has type " + type_label(t.file_id) +
+        fail("tensor " + quoted(t.name) + " has type " + ggml_type_label(t.file_id) +
              ", which is not supported by the engine (it runs F32, F16, BF16, Q8_0, Q4_0, TQ1_0, "
              "TQ2_0, Q2_0, PQ2_0 and PTQ1_0); re-convert the model with bonsai-convert");
     }

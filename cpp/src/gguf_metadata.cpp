@@ -98,7 +98,7 @@ std::string gguf_value_type_name(GgufValueType t) {
         case GgufValueType::INT64: return "INT64";
         case GgufValueType::FLOAT64: return "FLOAT64";
     }
-    return "type " + std::to_string(static_cast<uint32_t>(t));
+    return "unknown value type " + std::to_string(static_cast<uint32_t>(t));
 }
 
 size_t GgufValue::size() const {

@@ -49,7 +49,8 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, bool
     if (fd.fd < 0) throw Error("cannot open '" + path + "': " + os_reason());
     struct stat st;
     if (::fstat(fd.fd, &st) != 0) throw Error("cannot stat '" + path + "': " + os_reason());
-    if (S_ISDIR(st.st_mode)) throw Error("'" + path + "' is a directory, not a model file");
+    if (S_ISDIR(st.st_mode))
+        throw Error("'" + path + "' is a directory, not a model file; give the path of a .gguf file");
     if (!S_ISREG(st.st_mode)) throw Error("'" + path + "' is not a regular file");
     f->size_ = static_cast<size_t>(st.st_size);
     if (f->size_ == 0) return f;

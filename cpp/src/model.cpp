@@ -56,7 +56,7 @@ const GgufTensor& ModelLoader::tensor(const std::string& name) const {
                     m_.hp_.arch + " architecture); re-convert the model");
     }
     if (!t->supported) {
-        throw Error("tensor '" + name + "' has type " + ggml_type_name(t->file_id) +
+        throw Error("tensor '" + name + "' has type " + ggml_type_label(t->file_id) +
                     ", which this engine has no kernel for; re-convert it to F16, Q8_0 or a ternary type");
     }
     return *t;
@@ -70,7 +70,7 @@ WeightView ModelLoader::matrix(const std::string& name, int64_t cols, int64_t ro
     }
     const TypeTraits* tr = type_traits(t.type);
     if (!tr || cols % tr->block_size != 0) {
-        throw Error("tensor '" + name + "' of type " + ggml_type_name(t.file_id) + " has rows of " +
+        throw Error("tensor '" + name + "' of type " + ggml_type_label(t.file_id) + " has rows of " +
                     std::to_string(cols) + " elements, not a multiple of the block size");
     }
     WeightView w{};
@@ -94,7 +94,7 @@ std::vector<float> ModelLoader::vector(const std::string& name, int64_t n) {
     }
     const TypeTraits* tr = type_traits(t.type);
     if (!tr || n % tr->block_size != 0) {
-        throw Error("tensor '" + name + "' of type " + ggml_type_name(t.file_id) + " cannot hold " +
+        throw Error("tensor '" + name + "' of type " + ggml_type_label(t.file_id) + " cannot hold " +
                     std::to_string(n) + " elements; store it as F32");
     }
     std::vector<float> out(n);

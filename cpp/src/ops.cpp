@@ -14,7 +14,7 @@ namespace {
 void validate_weight(const char* op, const WeightView& w) {
     const TypeTraits* t = type_traits(w.type);
     if (!t)
-        throw Error(std::string(op) + ": unsupported weight type " + ggml_type_name(static_cast<uint32_t>(w.type)) +
+        throw Error(std::string(op) + ": unsupported weight type " + ggml_type_label(static_cast<uint32_t>(w.type)) +
                     " (supported: F32, F16, BF16, Q8_0, Q4_0, TQ1_0, TQ2_0, Q2_0, Q2_0_G128, PQ2_0, PTQ1_0)");
     if (w.rows < 0 || w.cols <= 0)
         throw Error(std::string(op) + ": bad weight shape " + std::to_string(w.rows) + " x " +

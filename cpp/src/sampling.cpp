@@ -31,6 +31,21 @@ void validate_sampling_params(const SamplingParams& p) {
     }
 }
 
+uint64_t random_seed() {
+    std::random_device rd;
+    for (;;) {
+        const uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+        if (s != kRandomSeed) return s;
+    }
+}
+
+uint64_t offset_seed(uint64_t base, uint64_t k) {
+    constexpr uint64_t m = kRandomSeed;  // the modulus 2^64 - 1
+    base %= m;
+    k %= m;
+    return k < m - base ? base + k : k - (m - base);
+}
+
 Sampler::Sampler(const SamplingParams& params) : p_(params) {
     validate_sampling_params(p_);
     reset();
@@ -38,11 +53,7 @@ Sampler::Sampler(const SamplingParams& params) : p_(params) {
 
 void Sampler::reset() {
     history_.clear();
-    seed_ = p_.seed;
-    if (seed_ == 0xFFFFFFFFFFFFFFFFull) {
-        std::random_device rd;
-        seed_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    }
+    seed_ = p_.seed == kRandomSeed ? random_seed() : p_.seed;
     rng_.seed(seed_);
 }
 

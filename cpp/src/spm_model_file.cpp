@@ -10,10 +10,9 @@
 // are skipped. Normalization rules (NFKC, whitespace collapsing) are not applied, as in llama.cpp's
 // GGUF conversion of the same file.
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "bonsai/error.h"
+#include "bonsai/input_file.h"
 #include "bonsai/vocab.h"
 
 namespace bonsai {
@@ -92,11 +91,7 @@ void expect_wire(ProtoReader& r, uint32_t wire, uint32_t want, const char* field
 }  // namespace
 
 Vocab Vocab::from_spm_model_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error("cannot open tokenizer file '" + path + "'; check the --tokenizer path.");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string buf = ss.str();
+    const std::string buf = read_input_file(path, "the tokenizer file", "--tokenizer", size_t{1} << 30);
     const std::string where = "'" + path + "'";
 
     VocabData d;

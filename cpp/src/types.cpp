@@ -75,6 +75,12 @@ std::string ggml_type_name(uint32_t file_id) {
     return "type " + std::to_string(file_id);
 }
 
+std::string ggml_type_label(uint32_t file_id) {
+    if (const TypeTraits* t = type_traits_from_file_id(file_id)) return t->name;
+    if (const char* n = other_type_name(file_id)) return n;
+    return "unknown ggml type id " + std::to_string(file_id);
+}
+
 size_t type_row_bytes(GgmlType type, int64_t n) {
     const TypeTraits* t = type_traits(type);
     return static_cast<size_t>(n / t->block_size) * static_cast<size_t>(t->type_size);

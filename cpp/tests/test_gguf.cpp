@@ -215,6 +215,10 @@ void test_valid_file(bool use_mmap) {
         msg = e.what();
     }
     CHECK(msg.find("'k4' has type Q4_K, which is not supported by the engine") != std::string::npos);
+    // names for tables, labels for messages: "has type unknown ggml type id 99", never "type type 99"
+    CHECK(ggml_type_name(99) == "type 99" && ggml_type_name(12) == "Q4_K");
+    CHECK(ggml_type_label(99) == "unknown ggml type id 99" && ggml_type_label(12) == "Q4_K");
+    CHECK(ggml_type_label(143) == "PTQ1_0");
 
     // The mapping outlives the GgufFile through mapping().
     auto mapping = f->mapping();

@@ -30,7 +30,9 @@
 
 // GCC 12 warns about the deliberately undefined pass-through operands inside its AVX-512 headers.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)  // clang has no -Wmaybe-uninitialized
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -460,7 +462,7 @@ void BONSAI_GEMM_ENTRY(const WeightView& w, const ActInt8& a, float* y, ThreadPo
         case TYPE_PQ2_0: run_gemm<GQ2g128>(w, a, y, pool); break;
         case TYPE_Q4_0: run_gemm<GQ4>(w, a, y, pool); break;
         case TYPE_Q8_0: run_gemm<GQ8>(w, a, y, pool); break;
-        default: throw Error("INT8 GEMM: unsupported weight type " + ggml_type_name(w.type));
+        default: throw Error("INT8 GEMM: unsupported weight type " + ggml_type_label(w.type));
     }
 }
 

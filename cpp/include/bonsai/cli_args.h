@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bonsai/sampling.h"
 #include "bonsai/types.h"
 
 namespace bonsai {
@@ -34,7 +35,7 @@ struct RunOptions {
     float min_p = 0.05f;          // 0 = off
     float repeat_penalty = 1.0f;  // 1 = off
     int32_t repeat_last_n = 64;   // -1 = whole context, 0 = off
-    int64_t seed = -1;            // -1 = random; otherwise 0 .. 2^32-1
+    uint64_t seed = kRandomSeed;  // -s: 0 .. 2^64-2; kRandomSeed (-s -1) = random
 
     // engine
     int32_t n_gpu_layers = -1;    // -ngl: layers on the GPU, -1 = all

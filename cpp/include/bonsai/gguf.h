@@ -46,7 +46,7 @@ enum class GgufValueType : uint32_t {
     FLOAT64 = 12,
 };
 
-// "UINT32", "STRING", ... ("type 99" for ids outside the enum).
+// "UINT32", "STRING", ... ("unknown value type 99" for ids outside the enum).
 std::string gguf_value_type_name(GgufValueType t);
 
 // One metadata value: a scalar, or an array of scalars (GGUF arrays of arrays are rejected on

@@ -12,6 +12,15 @@
 
 namespace bonsai {
 
+// The seed value that asks for a random seed. random_seed() never returns it, so every seed a run
+// prints (Sampler::seed()) can be given back to replay the run.
+constexpr uint64_t kRandomSeed = 0xFFFFFFFFFFFFFFFFull;
+// A seed from std::random_device, in [0, kRandomSeed).
+uint64_t random_seed();
+// base + k modulo 2^64 - 1: the seed of the k-th of several sequences sampled from one base seed;
+// never kRandomSeed, for every base in [0, kRandomSeed).
+uint64_t offset_seed(uint64_t base, uint64_t k);
+
 struct SamplingParams {
     float temp = 0.8f;            // 0: greedy (argmax); negative is an error
     int32_t top_k = 40;           // <= 0: disabled
@@ -19,7 +28,7 @@ struct SamplingParams {
     float min_p = 0.05f;          // in [0, 1]; 0 disables
     float repeat_penalty = 1.0f;  // > 0; 1 disables
     int32_t repeat_last_n = 64;   // tokens the penalty looks back over (0 = off, -1 = all accepted)
-    uint64_t seed = 0xFFFFFFFFFFFFFFFFull;  // this value draws a random seed
+    uint64_t seed = kRandomSeed;  // kRandomSeed draws a random seed (see random_seed())
 };
 
 class Sampler {

@@ -41,8 +41,12 @@ const TypeTraits* type_traits(GgmlType type);
 // Traits by file id; id 42 gives the mainline g64 Q2_0 (use resolve_type_42 with the byte size).
 const TypeTraits* type_traits_from_file_id(uint32_t file_id);
 
-// Name of a ggml id for messages, including ids the engine cannot run ("Q4_K", "type 99").
+// Name of a ggml id, including ids the engine cannot run ("Q4_K"; "type 99" for an id without a
+// name). This is the name column of tensor tables; messages use ggml_type_label.
 std::string ggml_type_name(uint32_t file_id);
+// The type of an id as a message states it after the word "type" ("has type Q4_K", "has type
+// unknown ggml type id 99"): the name, or "unknown ggml type id N" for ids without one.
+std::string ggml_type_label(uint32_t file_id);
 
 // Bytes taken by n elements of a type (n must be a multiple of the block size).
 size_t type_row_bytes(GgmlType type, int64_t n);
