@@ -178,3 +178,24 @@ def test_unknown_type_id_is_named_once(model, tmp_path):
     line = _expect_error(_run("-m", bad, "-p", "hi", "-n", "2"), 1, "blk.0.attn_q.weight")
     assert "unknown ggml type id 99" in line
     assert not re.search(r"\btype type\b", line), line
+
+
+# ----- inputs found by fuzz/cpp/fuzz_gguf, each fixed in the engine -----
+
+def _set_u32_key(path, key: str, value: int) -> None:
+    """Overwrites a UINT32 metadata value (GGUF v3: u64 key length, key, u32 type = 4, u32 value)."""
+    data = bytearray(path.read_bytes())
+    at = data.index(struct.pack("<Q", len(key)) + key.encode()) + 8 + len(key)
+    assert struct.unpack_from("<I", data, at) == (4,), "not a UINT32 key"
+    struct.pack_into("<I", data, at + 4, value)
+    path.write_bytes(bytes(data))
+
+
+def test_huge_block_count_is_refused_before_allocating(model, tmp_path):
+    """fuzz_gguf: block_count 4294967295 sized the layer table before any tensor was checked
+    (std::bad_alloc, "internal error")."""
+    bad = tmp_path / "blocks.gguf"
+    bad.write_bytes(model.read_bytes())
+    _set_u32_key(bad, "qwen2.block_count", 0xFFFFFFFF)
+    line = _expect_error(_run("-m", bad, "-p", "hi", "-n", "2"), 1, "block_count is 4294967295")
+    assert "the file is corrupt" in line

@@ -134,6 +134,12 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelPar
     hp.n_vocab = f.has(vkey) ? static_cast<int64_t>(f.get_u64(vkey))
                              : (emb->ne.size() == 2 ? emb->ne[1] : 0);
     check_hparams(hp);
+    // Every block has several tensors: a block count above the file's tensor count is corrupt, and
+    // is refused before anything is sized by it (layers_ below).
+    if (static_cast<uint64_t>(hp.n_layer) > f.tensors().size()) {
+        throw Error(path + ": " + hp.arch + ".block_count is " + std::to_string(hp.n_layer) + " but the file holds " +
+                    std::to_string(f.tensors().size()) + " tensors in all; the file is corrupt, re-convert it");
+    }
 
     ModelLoader ld(*m);
     m->tok_embd_ = ld.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
