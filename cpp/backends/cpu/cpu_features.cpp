@@ -6,16 +6,33 @@
 #include <atomic>
 #include <cstdlib>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "bonsai/error.h"
 
 namespace bonsai {
 
 namespace cpu {
 
+namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for __builtin_cpu_supports.
+bool cpuid_has_f16c() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+    return (ecx & bit_F16C) != 0;
+}
+#endif
+
+}  // namespace
+
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
     static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                           __builtin_cpu_supports("f16c");
+                           cpuid_has_f16c();
     return ok;
 #else
     return false;

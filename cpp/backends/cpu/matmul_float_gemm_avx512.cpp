@@ -9,7 +9,9 @@
 // the rows from memory, prefetched two tiles ahead line by line. The sums are f32 in a fixed order per (row, token), independent of the thread split,
 // close to (not bit-identical with) the one-token dot products, as FLOAT mode allows.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)  // clang has no -Wmaybe-uninitialized
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>

@@ -9,7 +9,9 @@
 
 // GCC 12 warns about the deliberately undefined pass-through operands inside its AVX-512 headers.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__GNUC__) && !defined(__clang__)  // clang has no -Wmaybe-uninitialized
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #define BONSAI_AVX512_MATH __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
