@@ -364,3 +364,86 @@ def test_tied_head_cannot_be_listed_as_output(tmp_path):
                         kv_override={"prism.hadamard.weight_names": ["output.weight"]})
     with pytest.raises(BonsaiError, match=r"'output.weight', which is not a folded linear weight.*tied to token_embd"):
         _core.Model(str(bad))
+
+
+# ---------------------------------------------------------------- bonsai convert --hadamard
+def _convert(src, dst, *args):
+    from bonsai_runner.cli import main
+
+    assert main(["convert", str(src), "--outfile", str(dst), "--no-progress", *args]) == 0
+    return dst
+
+
+def _meta(path):
+    from bonsai_runner.gguf_reader import open_gguf
+
+    with open_gguf(str(path)) as g:
+        return dict(g.metadata), {t.name: t.type_name for t in g.tensors}
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False), ("qwen3", True)])
+def test_convert_hadamard_gives_source_logits(tmp_path, arch, tied):
+    src = _source(tmp_path, arch, "F32", tied)
+    rot = _convert(src, tmp_path / "rot.gguf", "--hadamard", "64", "--hadamard-seed", "7")
+    meta, types = _meta(rot)
+    assert meta["prism.hadamard.block_size"] == 64 and meta["prism.hadamard.sign_mode"] == "explicit"
+    assert "output.weight" in types and "output.weight" in meta["prism.hadamard.weight_names"]
+    assert meta["prism.hadamard.inverse_weight_names"] == ["token_embd.weight"]
+    assert sum(meta["prism.hadamard.sign_widths"]) == len(meta["prism.hadamard.sign_values"])
+    assert rel_err(_logits(rot, TOKENS), _logits(src, TOKENS)) < 1e-4
+    # the same seed gives the same file's signs; another seed other signs
+    other = _convert(src, tmp_path / "rot2.gguf", "--hadamard", "64", "--hadamard-seed", "8")
+    assert _meta(other)[0]["prism.hadamard.sign_values"] != meta["prism.hadamard.sign_values"]
+
+
+def _convert_fails(capsys, *argv):
+    from bonsai_runner.cli import main
+
+    assert main(["convert", *map(str, argv), "--no-progress"]) != 0
+    return capsys.readouterr().err
+
+
+def test_convert_hadamard_then_retype_keeps_the_rotation(tmp_path, capsys):
+    src = _source(tmp_path, "llama", "F32", False)
+    rot = _convert(src, tmp_path / "rot.gguf", "--hadamard", "64", "--outtype", "f16")
+    q = _convert(rot, tmp_path / "rot-q8.gguf", "--outtype", "q8_0", "--allow-lossy")
+    meta_r, _ = _meta(rot)
+    meta_q, types_q = _meta(q)
+    assert {k: v for k, v in meta_q.items() if k.startswith("prism.")} == \
+        {k: v for k, v in meta_r.items() if k.startswith("prism.")}
+    assert types_q["blk.0.attn_q.weight"] == "Q8_0"
+    base = _logits(src, TOKENS)
+    assert rel_err(_logits(q, TOKENS), base) < 0.02
+    assert rel_err(_logits(q, TOKENS, act_mode="int8"), base) < 0.05
+    # folding into a quantized type re-quantizes: lossy, so it needs --allow-lossy
+    q8 = _convert(src, tmp_path / "q8.gguf", "--outtype", "q8_0", "--allow-lossy")
+    assert "pass --allow-lossy" in _convert_fails(capsys, q8, "--outfile", tmp_path / "x.gguf", "--hadamard", "64")
+    rq = _convert(q8, tmp_path / "q8-rot.gguf", "--hadamard", "64", "--allow-lossy")
+    assert rel_err(_logits(rq, TOKENS), base) < 0.02
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--hadamard", "48"], "must be a power of two"),
+    (["--hadamard", "128"], "input width 64, not a multiple of the block"),
+])
+def test_convert_hadamard_errors(tmp_path, capsys, args, msg):
+    src = _source(tmp_path, "llama", "F32", False)
+    assert msg in _convert_fails(capsys, src, "--outfile", tmp_path / "x.gguf", *args)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_convert_refuses_to_rotate_twice(tmp_path, capsys):
+    src = _source(tmp_path, "llama", "F32", False)
+    rot = _convert(src, tmp_path / "rot.gguf", "--hadamard", "64")
+    assert "already Hadamard-rotated" in _convert_fails(capsys, rot, "--outfile", tmp_path / "x.gguf",
+                                                        "--hadamard", "64")
+
+
+def test_rotation_summary_for_inspect(tmp_path):
+    from bonsai_runner.hadamard import format_rotation
+
+    src = _source(tmp_path, "llama", "F32", True)
+    rot = _convert(src, tmp_path / "rot.gguf", "--hadamard", "64")
+    text = format_rotation(_meta(rot)[0])
+    assert "block 64" in text and "folded weights: 15" in text and "token_embd.weight" in text
+    assert format_rotation(_meta(src)[0]) is None
