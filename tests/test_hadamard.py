@@ -447,3 +447,23 @@ def test_rotation_summary_for_inspect(tmp_path):
     text = format_rotation(_meta(rot)[0])
     assert "block 64" in text and "folded weights: 15" in text and "token_embd.weight" in text
     assert format_rotation(_meta(src)[0]) is None
+
+
+def test_plan_counts_the_sign_vectors(tmp_path):
+    from bonsai_runner.plan import PlanParams, device_budgets
+    from bonsai_runner.plan_model import describe_gguf
+
+    src = _source(tmp_path, "qwen3", "F32", True)
+    rot = _convert(src, tmp_path / "rot.gguf", "--hadamard", "64")
+    p = PlanParams(n_ctx=64, n_batch=16, n_threads=2)
+    for path in (src, rot):
+        cpu = device_budgets(describe_gguf(path), p)["CPU"]
+        with _core.Model(str(path)) as m:
+            mm = m.memory_report()
+            with _core.Context(m, n_ctx=64, n_batch=16, n_threads=2) as c:
+                cm = c.memory_report()
+        assert cpu["weights_bytes"] == mm["weights_bytes"]
+        assert cpu["weights_by_type"] == mm["weights_by_type"]
+        assert cpu["compute_bytes"] == cm["compute_bytes"]
+    n_signs = len(_meta(rot)[0]["prism.hadamard.sign_values"])
+    assert n_signs == 64 + 128  # widths n_embd and 128 (attn_output reads n_embd_q = n_ff = 128: one vector)
