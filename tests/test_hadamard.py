@@ -467,3 +467,18 @@ def test_plan_counts_the_sign_vectors(tmp_path):
         assert cpu["compute_bytes"] == cm["compute_bytes"]
     n_signs = len(_meta(rot)[0]["prism.hadamard.sign_values"])
     assert n_signs == 64 + 128  # widths n_embd and 128 (attn_output reads n_embd_q = n_ff = 128: one vector)
+
+
+# ---------------------------------------------------------------- GPU (skipped without a CUDA device)
+@pytest.mark.cuda
+@pytest.mark.parametrize("act_mode", ["float", "int8"])
+@pytest.mark.parametrize("n_gpu", [-1, 1])
+def test_rotated_file_on_gpu_matches_cpu(tmp_path, act_mode, n_gpu):
+    """hadamard.cu wired into the GPU layers (and the head when every layer is offloaded)."""
+    src = _source(tmp_path, "qwen3", "F32", True)
+    rot = _convert(src, tmp_path / "rot.gguf", "--hadamard", "64", "--outtype", "q8_0", "--allow-lossy")
+    cpu = _logits(rot, TOKENS, act_mode=act_mode)
+    m = _core.Model(str(rot), n_gpu_layers=n_gpu)
+    with ctx_for(m, act_mode=act_mode) as ctx:
+        gpu = ctx.decode(TOKENS, logits="all").astype(np.float64)
+    assert rel_err(gpu, cpu) < (1e-4 if act_mode == "float" else 2e-3)
