@@ -482,3 +482,18 @@ def test_rotated_file_on_gpu_matches_cpu(tmp_path, act_mode, n_gpu):
     with ctx_for(m, act_mode=act_mode) as ctx:
         gpu = ctx.decode(TOKENS, logits="all").astype(np.float64)
     assert rel_err(gpu, cpu) < (1e-4 if act_mode == "float" else 2e-3)
+
+
+def test_convert_hadamard_from_a_hugging_face_directory(tmp_path, hf_model):
+    facts = hf_model(arch="qwen2", hidden=128, ffn=256, n_head=4, n_head_kv=2)
+    plain = _convert(facts["dir"], tmp_path / "plain.gguf", "--outtype", "f32")
+    rot = _convert(facts["dir"], tmp_path / "rot.gguf", "--outtype", "f32", "--hadamard", "128")
+    meta, types = _meta(rot)
+    assert meta["prism.hadamard.block_size"] == 128 and types["token_embd.weight"] == "F32"
+    assert not list(tmp_path.glob(".*unrotated*"))  # the temporary F32 file is gone
+    toks = TOKENS[:24] % 200
+    assert rel_err(_logits(rot, toks), _logits(plain, toks)) < 1e-4
+    # a ternary output type keeps token_embd / output at F16, as the plain conversion does
+    q = _convert(facts["dir"], tmp_path / "rot-q.gguf", "--outtype", "ptq1_0", "--allow-lossy", "--hadamard", "128")
+    _, qtypes = _meta(q)
+    assert qtypes["token_embd.weight"] == "F16" and qtypes["blk.0.attn_q.weight"] == "PTQ1_0"

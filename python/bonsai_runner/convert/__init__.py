@@ -69,7 +69,9 @@ def convert(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
     tmp = out.with_name(f".{out.name}.unrotated-f32.gguf")
     try:
         convert_hf(src, tmp, "f32", pre_tokenizer=pre_tokenizer, **{**kw, "force": True})
-        return convert_gguf(tmp, out, "f16" if outtype == "auto" else outtype, **kw, **rot)
+        # token_embd / output take F16 as convert_hf gives them (F32 only when asked for)
+        return convert_gguf(tmp, out, "f16" if outtype == "auto" else outtype, **kw, **rot,
+                            embd_type="f32" if outtype == "f32" else "f16")
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -146,10 +146,11 @@ def _out_type(name: str, src_type: str, shape, outtype: str, file_ternary: bool)
 def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lossy: bool = False,
                  force: bool = False, model_name: str | None = None, progress: bool = True,
                  log: Callable[[str], None] = _stderr, hadamard: int | None = None,
-                 hadamard_seed: int = 0) -> Path:
+                 hadamard_seed: int = 0, embd_type: str | None = None) -> Path:
     """Re-types the GGUF file `src` into `outfile`; exact unless `allow_lossy`. With `hadamard` = B,
     folds the prism.hadamard rotation into it (hadamard_fold.py). A rotated input keeps its
-    rotation keys, which stay true: re-typing changes no tensor's basis."""
+    rotation keys, which stay true: re-typing changes no tensor's basis. `embd_type` replaces the
+    kept type of token_embd / output.weight (the directory path's temporary F32 file)."""
     outtype = outtype.lower()
     if outtype not in OUTTYPES:
         raise BonsaiError(f"unknown --outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
@@ -164,6 +165,8 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
     items, fell_back, unwritable = [], [], set()
     for name, t in zip(source.names, source.tensors):
         ot = _out_type(name, t.type_name, t.shape, outtype, file_ternary)
+        if embd_type and name in _EMBD_OUT and ot == t.type_name:  # kept type: the caller's choice
+            ot = embd_type
         if ot not in TYPES:
             unwritable.add(ot.upper())
             ot = "f16"
