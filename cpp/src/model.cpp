@@ -275,6 +275,11 @@ std::string Model::layer_table() const {
            << tn(w.w_down) << "\n";
     }
     os << "output: " << (gpu_output() ? "GPU " : "CPU ") << tn(output_) << (hp_.tied_output ? " (tied to token_embd)" : "") << "\n";
+    if (hadamard_.present) {
+        os << "hadamard: block " << hadamard_.block << ", " << hadamard_.weight_names.size() << " folded weights, signs "
+           << (hadamard_.explicit_signs ? "explicit" : "identity") << (hadamard_.inverse_token_embd ? ", token_embd inverse" : "")
+           << "\n";
+    }
     return os.str();
 }
 
