@@ -23,6 +23,9 @@ What it does (a script, not a test; it prints ratios and asserts nothing):
    roofline of generation (weight bytes read per generated token / probed bandwidth) and the
    ratios: our PTQ1_0 decode / llama.cpp TQ2_0 decode (floor 0.7), and ours / llama.cpp per type
    for prompt processing and generation. --json writes all numbers.
+   --hadamard B adds a row PTQ1_0-H<B>: the same model converted with `bonsai convert --hadamard B`
+   (prism.hadamard rotation folded in; the engine rotates every folded matmul's input), and a
+   line with the rotation's share of decode time against the plain PTQ1_0 row.
 
     PYTHONPATH=python python3 benchmarks/bench_cpu.py [--threads 2] [-p 512] [-n 128] [-r 3] [--no-mmap]
 """
@@ -91,7 +94,9 @@ def build_model(work_dir: Path, types: list[str]) -> dict[str, Path]:
         if not out.exists():
             log(f"converting to {t.upper()} -> {out.name} (once)")
             t0 = time.perf_counter()
-            convert(hf, out, t, progress=False, log=lambda m: log("  " + m))
+            base, _, block = t.partition("-h")
+            rot = {"hadamard": int(block), "allow_lossy": True} if block else {}
+            convert(hf, out, base, progress=False, log=lambda m: log("  " + m), **rot)
             log(f"  done in {time.perf_counter() - t0:.0f} s")
         paths[t] = out
     return paths
@@ -286,11 +291,19 @@ def parse_args(argv):
                    help="both engines read the weights into memory instead of mapping the files "
                         "(ours: a buffer backed by transparent huge pages where the kernel allows)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': stdout)")
+    p.add_argument("--hadamard", type=int, metavar="B",
+                   help="also time PTQ1_0 with a folded Hadamard rotation of block B (row PTQ1_0-H<B>)")
     args = p.parse_args(argv)
     args.types = [t.strip().lower() for t in args.types.split(",") if t.strip()]
     bad = [t for t in args.types if t not in ALL_TYPES]
     if bad:
         p.error(f"unknown type(s) {bad}; choose from {', '.join(ALL_TYPES)}")
+    if args.hadamard:
+        if args.hadamard < 2 or args.hadamard & (args.hadamard - 1):
+            p.error("--hadamard must be a power of two")
+        if "ptq1_0" not in args.types:
+            args.types.insert(0, "ptq1_0")
+        args.types.append(f"ptq1_0-h{args.hadamard}")
     args.llama_cpp_types = [t.strip().lower() for t in args.llama_cpp_types.split(",")
                             if t.strip()]
     bad = [t for t in args.llama_cpp_types if t not in LLAMA_CPP_TYPES]
@@ -325,10 +338,35 @@ def make_runners(args, paths: dict, n_ctx: int) -> list[tuple[str, str, object]]
     return runners
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def rotation_lines(args, results: dict, tg: str) -> list[str]:
+    if not args.hadamard:
+        return []
+    plain = results.get(("bonsai", "ptq1_0", tg))
+    rot = results.get(("bonsai", f"ptq1_0-h{args.hadamard}", tg))
+    if not plain or not rot:
+        return []
+    out = []
+    for what, key in (("median", "median"), ("best", "max")):
+        a, b = plain["tps"][key], rot["tps"][key]
+        out.append(f"decode {what}: PTQ1_0 {a:.2f} t/s, rotated (block {args.hadamard}) {b:.2f} t/s: "
+                   f"the rotation costs {100 * (a / b - 1):+.1f}% of decode time (target <= 10%)")
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     load = os.getloadavg()
-    log(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
+    log(f"{cpu_model()}, {os.cpu_count()} CPUs, load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}; weights "
         f"{'read into memory (--no-mmap)' if args.no_mmap else 'memory-mapped'}")
     paths = build_model(args.work_dir.expanduser(), args.types)
@@ -394,6 +432,10 @@ def main(argv=None) -> int:
     print("\nratios:")
     for line in lines or ["(no llama.cpp rows to compare with)"]:
         print("  " + line)
+    if args.hadamard:
+        print(f"\nHadamard rotation (CPU: {cpu_model()}, kernel path {_core.cpu_path()}):")
+        for line in rotation_lines(args, results, tg) or ["(needs both PTQ1_0 rows)"]:
+            print("  " + line)
     print("\ndecode targets (issue #6; on a loaded machine compare -t 1 runs too):")
     for line in target_lines(facts, bandwidth, results, tg) or ["(needs the PTQ1_0 row)"]:
         print("  " + line)

@@ -113,13 +113,7 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelPar
     m->gguf_ = GgufFile::open(path, params.use_mmap);
     const GgufFile& f = *m->gguf_;
 
-    for (const GgufKv& kv : f.metadata()) {
-        if (kv.key.rfind("prism.hadamard", 0) == 0) {
-            throw Error(path + " carries '" + kv.key + "': its weights are pre-rotated by a Hadamard "
-                        "transform, which this engine does not support yet (running it would give "
-                        "wrong output); use a file converted without the rotation");
-        }
-    }
+    m->hadamard_ = HadamardContract::read(f);
     if (!f.has("general.architecture")) {
         throw Error(path + " has no general.architecture key; it is not a model file (re-convert it)");
     }
@@ -149,6 +143,7 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelPar
     if (ld.has("rope_freqs.weight")) m->rope_freqs_ = ld.vector("rope_freqs.weight", hp.n_rot / 2);
     m->layers_.resize(hp.n_layer);
     for (int64_t il = 0; il < hp.n_layer; ++il) m->arch_->load_layer(ld, hp, il, m->layers_[il]);
+    if (m->hadamard_.present) m->bind_hadamard();
 
     m->vocab_ = std::make_unique<Vocab>(Vocab::from_gguf(f));
     m->vocab_->check_compatible(hp.n_vocab);
@@ -164,6 +159,47 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelPar
                      m->memory_table().c_str());
     }
     return m;
+}
+
+// Every name of prism.hadamard.weight_names must be one of this model's linear weights; each gets
+// the rotation of its input width. A rotated token_embd (inverse_weight_names) is unrotated after
+// the lookup, and when the head is tied to it the head reads the same stored rows WHT_B(s ⊙ e), so
+// the head's input is rotated like a folded matmul's: (s ⊙ WHT_B(z)) · h = z · WHT_B(s ⊙ h).
+void Model::bind_hadamard() {
+    const HadamardContract& c = hadamard_;
+    std::vector<std::pair<std::string, std::pair<const WeightView*, Rotation*>>> linear;
+    for (size_t il = 0; il < layers_.size(); ++il) {
+        LayerWeights& w = layers_[il];
+        const std::string b = "blk." + std::to_string(il) + ".";
+        linear.push_back({b + "attn_q.weight", {&w.wq, &w.r_q}});
+        linear.push_back({b + "attn_k.weight", {&w.wk, &w.r_k}});
+        linear.push_back({b + "attn_v.weight", {&w.wv, &w.r_v}});
+        linear.push_back({b + "attn_output.weight", {&w.wo, &w.r_o}});
+        linear.push_back({b + "ffn_gate.weight", {&w.w_gate, &w.r_gate}});
+        linear.push_back({b + "ffn_up.weight", {&w.w_up, &w.r_up}});
+        linear.push_back({b + "ffn_down.weight", {&w.w_down, &w.r_down}});
+    }
+    if (!hp_.tied_output) linear.push_back({"output.weight", {&output_, &output_rot_}});
+    for (const std::string& name : c.weight_names) {
+        auto it = linear.begin();
+        while (it != linear.end() && it->first != name) ++it;
+        if (it == linear.end()) {
+            std::string why = "; it must name a linear weight of this " + hp_.arch +
+                              " model (blk.N.attn_q/attn_k/attn_v/attn_output/ffn_gate/ffn_up/ffn_down.weight" +
+                              (hp_.tied_output ? "; the output head is tied to token_embd.weight, which is folded "
+                                                 "through inverse_weight_names" : ", output.weight") + ")";
+            if (name == "token_embd.weight") why = "; token_embd.weight is an embedding: list it in "
+                                                   "prism.hadamard.inverse_weight_names instead";
+            throw Error(gguf_->path() + ": prism.hadamard.weight_names lists '" + name + "', which is not a folded "
+                        "linear weight of this file" + why + " (re-convert the model)");
+        }
+        *it->second.second = c.rotation_for(name, it->second.first->cols);
+    }
+    if (c.inverse_token_embd) {
+        embd_rot_ = c.rotation_for("token_embd.weight", hp_.n_embd);
+        if (hp_.tied_output) output_rot_ = embd_rot_;
+    }
+    used_tensors_.emplace_back(TYPE_F32, static_cast<uint64_t>(c.sign_floats()) * sizeof(float));
 }
 
 // Offload policy: n_gpu_layers -1 or above n_layer means every layer. Without a CUDA backend or
@@ -245,6 +281,11 @@ std::string Model::layer_table() const {
            << tn(w.w_down) << "\n";
     }
     os << "output: " << (gpu_output() ? "GPU " : "CPU ") << tn(output_) << (hp_.tied_output ? " (tied to token_embd)" : "") << "\n";
+    if (hadamard_.present) {
+        os << "hadamard: block " << hadamard_.block << ", " << hadamard_.weight_names.size() << " folded weights, signs "
+           << (hadamard_.explicit_signs ? "explicit" : "identity") << (hadamard_.inverse_token_embd ? ", token_embd inverse" : "")
+           << "\n";
+    }
     return os.str();
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "../backends/cpu/cpu_features.h"
+#include "../backends/cpu/hadamard.h"
 #include "../backends/cpu/matmul.h"
 #include "bonsai/error.h"
 
@@ -71,6 +72,57 @@ void matmul_shared_input(const WeightView* const* ws, float* const* ys, int n, c
 
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool) {
     matmul_on_path(w, x, n_tokens, y, mode, pool, active_cpu_path());
+}
+
+namespace {
+
+void validate_rotation(const char* op, const Rotation& r, int64_t cols) {
+    if (r.block < 2 || (r.block & (r.block - 1)) != 0)
+        throw Error(std::string(op) + ": Hadamard block " + std::to_string(r.block) + " is not a power of two >= 2");
+    if (cols % r.block != 0)
+        throw Error(std::string(op) + ": width " + std::to_string(cols) + " is not a multiple of the Hadamard block " +
+                    std::to_string(r.block));
+}
+
+}  // namespace
+
+void hadamard_rotate_on_path(float* x, int64_t n_tokens, int64_t cols, const Rotation& r, bool inverse,
+                             ThreadPool& pool, CpuPath path) {
+    validate_rotation("hadamard_rotate", r, cols);
+    if (n_tokens < 0) throw Error("hadamard_rotate: n_tokens must be >= 0");
+    if (n_tokens > 0 && !x) throw Error("hadamard_rotate: null activation pointer");
+    if (!cpu::cpu_path_available(path))
+        throw Error(std::string("hadamard_rotate: CPU path '") + cpu_path_name(path) + "' is not supported by this CPU");
+    cpu::rotate_rows(x, n_tokens, cols, r, inverse, pool, path);
+}
+
+void hadamard_rotate(float* x, int64_t n_tokens, int64_t cols, const Rotation& r, ThreadPool& pool) {
+    hadamard_rotate_on_path(x, n_tokens, cols, r, false, pool, active_cpu_path());
+}
+
+void hadamard_unrotate(float* x, int64_t n_tokens, int64_t cols, const Rotation& r, ThreadPool& pool) {
+    hadamard_rotate_on_path(x, n_tokens, cols, r, true, pool, active_cpu_path());
+}
+
+void matmul_rotated_on_path(const WeightView* const* ws, float* const* ys, int n, float* x, int64_t n_tokens,
+                            const Rotation& r, ActMode mode, ThreadPool& pool, CpuPath path) {
+    if (n < 1 || !ws) throw Error("matmul_rotated: needs at least one weight and output");
+    for (int i = 0; i < n; ++i)
+        if (!ws[i]) throw Error("matmul_rotated: weight " + std::to_string(i) + " is null");
+    validate_rotation("matmul_rotated", r, ws[0]->cols);
+    // the same checks as the unrotated call (shapes, pointers, mode, path), before x is touched
+    matmul_shared_input_on_path(ws, ys, n, x, 0, mode, pool, path);
+    if (n_tokens < 0) throw Error("matmul_rotated: n_tokens must be >= 0 (got " + std::to_string(n_tokens) + ")");
+    if (n_tokens > 0 && !x) throw Error("matmul_rotated: null activation pointer");
+    for (int i = 0; i < n; ++i)
+        if (n_tokens > 0 && ws[i]->rows > 0 && !ys[i])
+            throw Error("matmul_rotated: null output pointer for weight " + std::to_string(i));
+    cpu::matmul_rotated_cpu(ws, ys, n, x, n_tokens, r, mode, pool, path);
+}
+
+void matmul_rotated(const WeightView* const* ws, float* const* ys, int n, float* x, int64_t n_tokens,
+                    const Rotation& r, ActMode mode, ThreadPool& pool) {
+    matmul_rotated_on_path(ws, ys, n, x, n_tokens, r, mode, pool, active_cpu_path());
 }
 
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) {

@@ -7,7 +7,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['BonsaiError', 'Context', 'GgufFile', 'GgufTensorInfo', 'Model', 'Sampler', 'TokenStreamDecoder', 'Vocab', 'bf16_to_fp32', 'build_info', 'cpu_path', 'cpu_paths', 'cuda_device_count', 'dequantize', 'fp16_to_fp32', 'fp32_to_bf16', 'fp32_to_fp16', 'get_rows', 'ggml_type_name', 'matmul', 'measure_read_bandwidth', 'quantize', 'type_info']
+__all__: list[str] = ['BonsaiError', 'Context', 'GgufFile', 'GgufTensorInfo', 'Model', 'Sampler', 'TokenStreamDecoder', 'Vocab', 'bf16_to_fp32', 'build_info', 'cpu_path', 'cpu_paths', 'cuda_device_count', 'dequantize', 'fp16_to_fp32', 'fp32_to_bf16', 'fp32_to_fp16', 'get_rows', 'ggml_type_name', 'hadamard_rotate', 'matmul', 'matmul_rotated', 'measure_read_bandwidth', 'quantize', 'type_info']
 class BonsaiError(ValueError):
     pass
 class GgufTensorInfo:
@@ -356,10 +356,19 @@ def ggml_type_name(file_id: typing.SupportsInt | typing.SupportsIndex) -> str:
     """
     Name of a ggml type id, including ids the engine does not run.
     """
+def hadamard_rotate(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], block: typing.SupportsInt | typing.SupportsIndex, signs: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None, inverse: bool = False, threads: typing.SupportsInt | typing.SupportsIndex = 1, path: str | None = None) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    Blockwise Walsh-Hadamard rotation of each row: WHT_B(s * x), or s * WHT_B(x) with inverse=True.
+    """
 def matmul(type: typing.SupportsInt | typing.SupportsIndex, w: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], cols: typing.SupportsInt | typing.SupportsIndex, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], mode: str = 'int8', threads: typing.SupportsInt | typing.SupportsIndex = 1, path: str | None = None) -> numpy.typing.NDArray[numpy.float32]:
     """
     y (n_tokens, rows) = x @ W.T for a weight of engine type `type` stored as uint8 rows.
     """
+def matmul_rotated(type: typing.SupportsInt | typing.SupportsIndex, w: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], cols: typing.SupportsInt | typing.SupportsIndex, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], block: typing.SupportsInt | typing.SupportsIndex, signs: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None, mode: str = 'int8', threads: typing.SupportsInt | typing.SupportsIndex = 1, path: str | None = None) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    y = WHT_B(s * x) @ W.T (the input of a Hadamard-folded weight, rotated then multiplied).
+    """
+
 def measure_read_bandwidth(buffer_bytes: typing.SupportsInt | typing.SupportsIndex = 268435456, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, repeats: typing.SupportsInt | typing.SupportsIndex = 5) -> dict:
     """
     Streams a buffer larger than the caches with n_threads threads (0 = all); returns the best and mean read rate in bytes/s.

@@ -199,6 +199,9 @@ def export_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, force: b
     with open_gguf(gguf_path) as r:
         md = r.metadata
         arch = md.get("general.architecture")
+        if any(k.startswith("prism.hadamard.") for k in md):
+            raise BonsaiError(f"{gguf_path} is Hadamard-rotated (prism.hadamard.* keys); a Hugging Face "
+                              "checkpoint has no place for the rotation, so export the unrotated file")
         if arch not in ARCH_CLASSES:
             raise BonsaiError(f"architecture {arch!r}: the exporter handles "
                               f"{', '.join(ARCH_CLASSES)} (tensors in Hugging Face order)")

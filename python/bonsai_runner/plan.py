@@ -156,6 +156,8 @@ def gpu_context_bytes(d: ModelDesc, n_ctx: int, n_batch: int, type_k: str, type_
 # ----- the plan -----
 
 def _gpu_holds(t, n_gpu: int, all_on_gpu: bool) -> bool:
+    if t.name == "prism.hadamard.sign_values":
+        return n_gpu > 0       # every sign vector goes up with the first offloaded layer
     if t.layer is not None:
         return t.layer < n_gpu
     if t.role == ROLE_EMBD:

@@ -169,6 +169,11 @@ def describe_gguf(path: str | os.PathLike) -> ModelDesc:
                 unsupported.append(f"{name} ({t.type_name})")
             d.tensors.append(PlanTensor(name, t.type_name, nbytes, int(t.n_elements),
                                         _role(name, len(t.ne)), layer, int(t.ne[0])))
+        signs = md.get("prism.hadamard.sign_values")
+        if isinstance(signs, list) and signs:
+            # a rotated file (prism.hadamard): the engine holds its sign vectors as float32
+            d.tensors.append(PlanTensor("prism.hadamard.sign_values", "F32", 4 * len(signs), len(signs),
+                                        ROLE_VECTOR, None, len(signs)))
         if unsupported:
             d.notes.append(f"{len(unsupported)} tensor(s) have types the engine has no kernel for "
                            f"(e.g. {unsupported[0]}); sizes are as stored, but the engine will "

@@ -16,6 +16,7 @@
 
 #include "act_quant.h"
 #include "cpu_features.h"
+#include "hadamard.h"
 #include "matmul_float_gemm.h"
 #include "matmul_int8_gemm.h"
 #include "matmul_kernels.h"
@@ -88,20 +89,32 @@ void run_tile_range(const Job* jobs, const int64_t* first_tile, int n, int64_t b
     }
 }
 
-// Quantizes the n_tokens rows of x for one layout into buf (scalar kernels need no slots).
+// Quantizes the n_tokens rows of x for one layout into buf (scalar kernels need no slots). With a
+// rotation, each row is first rotated into a per-thread row buffer (x' = WHT_B(s ⊙ x), see
+// hadamard.h) and quantized from there, so the rotated activations never make a round trip
+// through a full-size buffer.
 ActInt8 quantize_input(const Int8Layout* layout, const float* x, int64_t cols, int64_t n_tokens, CpuPath path,
-                       std::vector<uint8_t>& buf, ThreadPool& pool) {
+                       std::vector<uint8_t>& buf, ThreadPool& pool, const Rotation* rot = nullptr) {
     const bool slots = path != CpuPath::SCALAR;
     ActInt8 act = act_int8_setup(layout, cols, n_tokens, slots,
                                  grow_scratch(buf, act_int8_bytes(layout, cols, n_tokens, slots)));
     const ActInt8* ap = &act;
-    if (n_tokens >= 4 * pool.size()) {
-        pool.parallel_for(n_tokens, [ap, x](int64_t b, int64_t e, int) {
+    auto run = [ap, x, rot, path](int64_t b, int64_t e) {
+        if (!rot) {
             for (int64_t t = b; t < e; ++t) quantize_act_token(*ap, x + t * ap->cols, t);
-        });
-    } else {
-        for (int64_t t = 0; t < n_tokens; ++t) quantize_act_token(act, x + t * cols, t);
-    }
+            return;
+        }
+        static thread_local std::vector<uint8_t> row_buf;
+        float* row = static_cast<float*>(grow_scratch(row_buf, sizeof(float) * ap->cols));
+        for (int64_t t = b; t < e; ++t) {
+            rotate_row(x + t * ap->cols, rot->signs, ap->cols, rot->block, row, path);
+            quantize_act_token(*ap, row, t);
+        }
+    };
+    if (n_tokens >= 4 * pool.size())
+        pool.parallel_for(n_tokens, [&run](int64_t b, int64_t e, int) { run(b, e); });
+    else
+        run(0, n_tokens);
     return act;
 }
 
@@ -175,6 +188,26 @@ void matmul_shared_input_cpu(const WeightView* const* ws, float* const* ys, int 
         }
         if (w.rows > 0) jobs[n_jobs++] = job;
     }
+    if (n_jobs > 0) dispatch(jobs, n_jobs, pool);
+}
+
+void matmul_rotated_cpu(const WeightView* const* ws, float* const* ys, int n, float* x, int64_t n_tokens,
+                        const Rotation& r, ActMode mode, ThreadPool& pool, CpuPath path) {
+    if (n_tokens == 0) return;
+    const Int8Layout* layout = mode == ActMode::INT8 ? int8_layout(ws[0]->type) : nullptr;
+    for (int i = 1; i < n && layout; ++i)
+        if (int8_layout(ws[i]->type) != layout) layout = nullptr;
+    if (!layout || n > 4) {  // float activations, mixed layouts: rotate once, then the plain matmuls
+        rotate_rows(x, n_tokens, ws[0]->cols, r, false, pool, path);
+        matmul_shared_input_cpu(ws, ys, n, x, n_tokens, mode, pool, path);
+        return;
+    }
+    static thread_local std::vector<uint8_t> act_buf;
+    const ActInt8 act = quantize_input(layout, x, ws[0]->cols, n_tokens, path, act_buf, pool, &r);
+    Job jobs[4];
+    int n_jobs = 0;
+    for (int i = 0; i < n; ++i)
+        if (ws[i]->rows > 0) jobs[n_jobs++] = Job{ws[i], x, n_tokens, ys[i], path, &act};
     if (n_jobs > 0) dispatch(jobs, n_jobs, pool);
 }
 

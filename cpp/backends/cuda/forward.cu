@@ -8,7 +8,8 @@
 // pieces; every offloaded layer with the same steps and order as the CPU (arch_common.cpp, qwen2
 // biases after the projections, qwen3 q/k norms before the rotation; with INT8 activations the
 // attention / FFN norm also quantizes its output once for q/k/v and for gate/up; attention by
-// flash_attention.cu when the context asked for flash attention, else attention.cu); and, when
+// flash_attention.cu when the context asked for flash attention, else attention.cu; the inputs of
+// prism.hadamard-folded weights rotated by hadamard.cu first, as on the CPU); and, when
 // the output head is on the GPU and the wanted rows fit in one pass (n_out <= logits_rows), the
 // output norm + head. Attention grids are sized for the n_ctx cells of the context and read this
 // step's used-cell count from device memory, so the enqueued work depends only on the shape
@@ -49,23 +50,54 @@ void upload(T* dst, const T* src, int64_t n, const char* what) {
 
 void run_head(const Hparams& hp, const GpuModel& g, GpuContext& c, ActMode act, int64_t r0, int64_t cnt) {
     cuda::rms_norm(c.x, c.out_rows + r0, g.output_norm, cnt, hp.n_embd, hp.rms_eps, c.cur);
+    if (g.head_rot.active()) cuda::hadamard_rotate(c.cur, cnt, hp.n_embd, g.head_rot);
     cuda::matmul(g.head, c.cur, cnt, c.logits, act, c.act_scratch);
 }
 
+struct RotatedMatmul {
+    const cuda::DeviceMatrix* w;
+    float* y;
+    const cuda::GpuRotation* r;
+};
+
 // cur = rms_norm(x) * norm, then y_i = W_i cur for each (W_i, y_i). When every W_i takes the INT8
 // path, the norm kernel quantizes cur once for all of them (bit-identical to quantizing per matrix).
+// prism.hadamard: the folded W_i read WHT_B(s ⊙ cur) instead, rotated once for all of them after the
+// unfolded ones have read cur (then quantized once, when they take the INT8 path).
 void normed_matmuls(GpuContext& c, ActMode act, const float* norm, float eps, int64_t n,
-                    std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> mats) {
-    const int64_t ne = mats.begin()->first->cols;  // n_embd: every matrix here reads the normalised x
-    bool int8 = true;
-    for (const auto& m : mats) int8 = int8 && cuda::int8_path(*m.first, act);
-    if (int8) {
+                    std::initializer_list<RotatedMatmul> mats) {
+    const int64_t ne = mats.begin()->w->cols;  // n_embd: every matrix here reads the normalised x
+    bool int8 = true, any_rot = false;
+    const cuda::GpuRotation* rot = nullptr;
+    for (const auto& m : mats) {
+        int8 = int8 && cuda::int8_path(*m.w, act);
+        if (m.r->active()) rot = m.r, any_rot = true;
+    }
+    if (int8 && !any_rot) {
         cuda::rms_norm_quantize(c.x, norm, n, ne, eps, c.cur, c.act_scratch);
-        for (const auto& m : mats) cuda::matmul_quantized(*m.first, n, m.second, c.act_scratch);
+        for (const auto& m : mats) cuda::matmul_quantized(*m.w, n, m.y, c.act_scratch);
         return;
     }
     cuda::rms_norm(c.x, nullptr, norm, n, ne, eps, c.cur);
-    for (const auto& m : mats) cuda::matmul(*m.first, c.cur, n, m.second, act, c.act_scratch);
+    for (const auto& m : mats)
+        if (!m.r->active()) cuda::matmul(*m.w, c.cur, n, m.y, act, c.act_scratch);
+    if (!rot) return;
+    cuda::hadamard_rotate(c.cur, n, ne, *rot);
+    if (int8) cuda::quantize_act(c.cur, n, ne, c.act_scratch);
+    for (const auto& m : mats) {
+        if (!m.r->active()) continue;
+        if (int8)
+            cuda::matmul_quantized(*m.w, n, m.y, c.act_scratch);
+        else
+            cuda::matmul(*m.w, c.cur, n, m.y, act, c.act_scratch);
+    }
+}
+
+// y = W x, with x rotated in place first when W is folded (x is not read afterwards).
+void matmul_rotated(const cuda::DeviceMatrix& w, const cuda::GpuRotation& r, float* x, int64_t n, float* y,
+                    ActMode act, const cuda::ActScratch& s) {
+    if (r.active()) cuda::hadamard_rotate(x, n, w.cols, r);
+    cuda::matmul(w, x, n, y, act, s);
 }
 
 // Enqueues the uploads and the layers of one step of n tokens (and the head when head_rows > 0).
@@ -109,7 +141,8 @@ void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int6
 
     for (size_t il = 0; il < g.layers.size(); ++il) {
         const GpuLayer& L = g.layers[il];
-        normed_matmuls(c, act, L.attn_norm, hp.rms_eps, n, {{&L.wq, c.q}, {&L.wk, c.kc}, {&L.wv, c.vc}});
+        normed_matmuls(c, act, L.attn_norm, hp.rms_eps, n,
+                       {{&L.wq, c.q, &L.r_q}, {&L.wk, c.kc, &L.r_k}, {&L.wv, c.vc, &L.r_v}});
         if (L.bq) {
             cuda::add_bias(c.q, L.bq, n, nq);
             cuda::add_bias(c.kc, L.bk, n, nkv);
@@ -131,11 +164,11 @@ void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int6
             cuda::flash_attention(a);
         else
             cuda::attention(a);
-        cuda::matmul(L.wo, c.attn, n, c.cur, act, s);
+        matmul_rotated(L.wo, L.r_o, c.attn, n, c.cur, act, s);
         cuda::add_inplace(c.x, c.cur, n * ne);
-        normed_matmuls(c, act, L.ffn_norm, hp.rms_eps, n, {{&L.w_gate, c.gate}, {&L.w_up, c.up}});
+        normed_matmuls(c, act, L.ffn_norm, hp.rms_eps, n, {{&L.w_gate, c.gate, &L.r_gate}, {&L.w_up, c.up, &L.r_up}});
         cuda::swiglu(c.gate, c.up, n * hp.n_ff, c.gate);
-        cuda::matmul(L.w_down, c.gate, n, c.cur, act, s);
+        matmul_rotated(L.w_down, L.r_down, c.gate, n, c.cur, act, s);
         cuda::add_inplace(c.x, c.cur, n * ne);
     }
     if (head_rows > 0) run_head(hp, g, c, act, 0, head_rows);

@@ -5,8 +5,11 @@
 //     (packed bytes exactly as in the file, rows row_bytes apart), then attn_norm, ffn_norm and the
 //     architecture's 1-D tensors (qwen2 q/k/v biases, qwen3 q/k norms) as float32;
 //   then, with the output head: output_norm (float32) and output.weight (packed; for a tied head a
-//     copy of token_embd, which also stays on the host for the embedding gather).
+//     copy of token_embd, which also stays on the host for the embedding gather);
+//   then, for a prism.hadamard-rotated model, every sign vector of the contract (float32).
 // One planning pass computes the offsets, a second fills the pointers and copies the bytes.
+#include <map>
+
 #include "../../src/arch/arch.h"
 #include "bonsai/model.h"
 #include "cuda_common.cuh"
@@ -72,6 +75,27 @@ void fill(const Model& m, int n_layers, bool output, Uploader& up, GpuModel& g) 
         g.output_norm = up.vec(m.output_norm());
         g.head = up.matrix(m.output());
     }
+    // the host rotations point into the contract's sign vectors; map each to its device copy
+    std::map<const float*, const float*> dev_signs;
+    for (const auto& kv : m.hadamard().signs) dev_signs[kv.second.data()] = up.vec(kv.second);
+    auto rot = [&dev_signs](const Rotation& r) {
+        cuda::GpuRotation d;
+        d.block = r.block;
+        d.signs = r.signs ? dev_signs.at(r.signs) : nullptr;
+        return d;
+    };
+    for (int il = 0; il < n_layers; ++il) {
+        const LayerWeights& w = m.layers()[il];
+        GpuLayer& L = g.layers[il];
+        L.r_q = rot(w.r_q);
+        L.r_k = rot(w.r_k);
+        L.r_v = rot(w.r_v);
+        L.r_o = rot(w.r_o);
+        L.r_gate = rot(w.r_gate);
+        L.r_up = rot(w.r_up);
+        L.r_down = rot(w.r_down);
+    }
+    if (output) g.head_rot = rot(m.output_rotation());
 }
 
 }  // namespace

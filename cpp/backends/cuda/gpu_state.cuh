@@ -24,6 +24,8 @@ struct GpuLayer {
     const float* bv = nullptr;
     const float* q_norm = nullptr;  // qwen3 per-head norms (null otherwise)
     const float* k_norm = nullptr;
+    // prism.hadamard rotations of the folded weights' inputs (block 0 = not folded)
+    cuda::GpuRotation r_q, r_k, r_v, r_o, r_gate, r_up, r_down;
 };
 
 class GpuModel {
@@ -32,6 +34,7 @@ public:
     bool output = false;                   // head on the GPU
     cuda::DeviceMatrix head;               // output.weight (or a copy of token_embd when tied)
     const float* output_norm = nullptr;
+    cuda::GpuRotation head_rot;            // rotation of the head's input (folded or tied to a folded token_embd)
     GpuWeightsMemory mem;
     std::unique_ptr<cuda::DeviceAllocation> alloc;
 };

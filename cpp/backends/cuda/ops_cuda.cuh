@@ -24,6 +24,16 @@ struct DeviceMatrix {
     size_t row_bytes = 0;
 };
 
+// The prism.hadamard rotation of one folded input on the device (signs in device memory).
+struct GpuRotation {
+    int64_t block = 0;             // 0 = not folded
+    const float* signs = nullptr;  // [width] +-1, nullptr = identity sign mode
+    bool active() const { return block > 0; }
+};
+
+// x = WHT_B(s ⊙ x) in place, row by row (hadamard.cu); bit-identical to the CPU's rotate_row.
+void hadamard_rotate(float* x, int64_t n_tokens, int64_t cols, const GpuRotation& r);
+
 // Scratch of the INT8 activation path: q [n_tokens, cols] int8 and one scale per token.
 struct ActScratch {
     int8_t* q = nullptr;

@@ -9,8 +9,9 @@
 // Loading validates the whole file before anything runs: the architecture (llama, qwen2, qwen3),
 // every hyperparameter, and every expected tensor's presence, shape and type (one bonsai::Error
 // naming the tensor). Files whose weights were pre-rotated by a Hadamard transform
-// (`prism.hadamard.*` metadata) are refused, since running them without the matching activation
-// rotation would give silently wrong output.
+// (`prism.hadamard.*` metadata, bonsai/hadamard.h) are run with the matching activation rotation:
+// each folded weight carries the Rotation of its input, and every inconsistency in the contract is
+// refused at load, since a wrong rotation gives fluent but wrong output.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "bonsai/hadamard.h"
 #include "bonsai/ops.h"
 #include "bonsai/types.h"
 
@@ -69,6 +71,8 @@ struct LayerWeights {
     std::vector<float> attn_norm, ffn_norm;
     std::vector<float> bq, bk, bv;        // qwen2 only (empty otherwise)
     std::vector<float> q_norm, k_norm;    // qwen3 only: per-head RMSNorm weights [head_dim]
+    // prism.hadamard: the input rotation of each folded weight (block 0 = not folded)
+    Rotation r_q, r_k, r_v, r_o, r_gate, r_up, r_down;
 };
 
 struct ModelMemory {
@@ -104,6 +108,11 @@ public:
     const std::vector<float>& output_norm() const { return output_norm_; }
     const std::vector<float>& rope_freqs() const { return rope_freqs_; }  // empty if none
     const std::vector<LayerWeights>& layers() const { return layers_; }
+    // prism.hadamard: the contract, the inverse applied after the token_embd lookup and the
+    // rotation of the output head's input (block 0 = none).
+    const HadamardContract& hadamard() const { return hadamard_; }
+    const Rotation& embd_rotation() const { return embd_rot_; }
+    const Rotation& output_rotation() const { return output_rot_; }
 
     // Layers [0, n_gpu_layers()) run on the GPU; 0 in CPU-only builds or without a device.
     int n_gpu_layers() const { return n_gpu_layers_; }
@@ -122,6 +131,7 @@ private:
     Model() = default;
     friend class ModelLoader;
     void offload(const ModelParams& params);  // uploads the first layers to the GPU (CUDA builds)
+    void bind_hadamard();                     // the contract's names -> the weights' rotations
 
     ModelParams params_;
     Hparams hp_;
@@ -131,6 +141,8 @@ private:
     WeightView tok_embd_{}, output_{};
     std::vector<float> output_norm_, rope_freqs_;
     std::vector<LayerWeights> layers_;
+    HadamardContract hadamard_;
+    Rotation embd_rot_{}, output_rot_{};
     std::vector<std::pair<GgmlType, uint64_t>> used_tensors_;  // type and bytes of every tensor read
     int n_gpu_layers_ = 0;
     std::shared_ptr<const GpuModel> gpu_;  // device weights (CUDA builds with offloaded layers)

@@ -43,6 +43,28 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Act
 void matmul_shared_input(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tokens,
                          ActMode mode, ThreadPool& pool);
 
+// The prism.hadamard activation rotation of one folded input width (SPEC §4a): a folded weight
+// stores rows WHT_B(s ⊙ w) blockwise along its input, so its matmul must read x' = WHT_B(s ⊙ x),
+// with H_B[r][c] = (-1)^popcount(r & c) / sqrt(B). The kernels are in backends/cpu/hadamard.h.
+struct Rotation {
+    int64_t block = 0;             // B, a power of two dividing the width; 0 = no rotation
+    const float* signs = nullptr;  // [width] of +-1 (explicit sign mode), nullptr = identity
+    bool active() const { return block > 0; }
+};
+
+// In place over n_tokens rows of cols: x = WHT_B(s ⊙ x) (rotate) or x = s ⊙ WHT_B(x) (unrotate, the
+// inverse, applied after a rotated token_embd lookup). Throws unless cols is a multiple of B.
+void hadamard_rotate(float* x, int64_t n_tokens, int64_t cols, const Rotation& r, ThreadPool& pool);
+void hadamard_unrotate(float* x, int64_t n_tokens, int64_t cols, const Rotation& r, ThreadPool& pool);
+
+// Folded weights sharing one input: ys[i] = W_i x'_t for every token row, x' = WHT_B(s ⊙ x), the
+// rotation computed once for all of them. x is scratch: afterwards it holds either the input or
+// the rotated rows. In INT8 mode, when every weight takes the same INT8 layout, the rotation is
+// fused into the activation quantization (each rotated row only lives in a per-thread row
+// buffer); otherwise x is rotated in place and matmul_shared_input runs on it.
+void matmul_rotated(const WeightView* const* ws, float* const* ys, int n, float* x, int64_t n_tokens,
+                    const Rotation& r, ActMode mode, ThreadPool& pool);
+
 // Embedding gather from any type: out[i*cols + k] = W[ids[i], k] (dequantized). Throws for an id
 // outside [0, rows).
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out);
@@ -62,5 +84,11 @@ void matmul_on_path(const WeightView& w, const float* x, int64_t n_tokens, float
                     ThreadPool& pool, CpuPath path);
 void matmul_shared_input_on_path(const WeightView* const* ws, float* const* ys, int n, const float* x,
                                  int64_t n_tokens, ActMode mode, ThreadPool& pool, CpuPath path);
+
+// The rotation ops on an explicit CPU path (throws if the CPU lacks its features).
+void hadamard_rotate_on_path(float* x, int64_t n_tokens, int64_t cols, const Rotation& r, bool inverse,
+                             ThreadPool& pool, CpuPath path);
+void matmul_rotated_on_path(const WeightView* const* ws, float* const* ys, int n, float* x, int64_t n_tokens,
+                            const Rotation& r, ActMode mode, ThreadPool& pool, CpuPath path);
 
 }  // namespace bonsai

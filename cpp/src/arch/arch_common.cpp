@@ -73,8 +73,40 @@ static RopeParams rope_params(const Model& m) {
     return r;
 }
 
+// Weights that read one input x; the folded ones (prism.hadamard) read WHT_B(s ⊙ x), computed once
+// for all of them. The unfolded ones run first, because the rotation may overwrite x.
+static void matmul_group(const WeightView* const* ws, const Rotation* const* rs, float* const* ys, int n, float* x,
+                         int64_t n_tokens, ForwardState& st) {
+    const WeightView* plain_w[3];
+    float* plain_y[3];
+    const WeightView* rot_w[3];
+    float* rot_y[3];
+    int n_plain = 0, n_rot = 0;
+    const Rotation* rot = nullptr;
+    for (int i = 0; i < n; ++i) {
+        if (rs[i]->active()) {
+            rot = rs[i];  // one input width, so one rotation
+            rot_w[n_rot] = ws[i];
+            rot_y[n_rot++] = ys[i];
+        } else {
+            plain_w[n_plain] = ws[i];
+            plain_y[n_plain++] = ys[i];
+        }
+    }
+    if (n_plain > 0) matmul_shared_input(plain_w, plain_y, n_plain, x, n_tokens, st.act, *st.pool);
+    if (n_rot > 0) matmul_rotated(rot_w, rot_y, n_rot, x, n_tokens, *rot, st.act, *st.pool);
+}
+
+static void matmul_one(const WeightView& w, const Rotation& r, float* x, int64_t n_tokens, float* y, ForwardState& st) {
+    const WeightView* ws[1] = {&w};
+    const Rotation* rs[1] = {&r};
+    float* ys[1] = {y};
+    matmul_group(ws, rs, ys, 1, x, n_tokens, st);
+}
+
 void begin_forward(const Model& m, ForwardState& st) {
     get_rows(m.tok_embd(), st.token, st.n_tokens, st.x);
+    if (m.embd_rotation().active()) hadamard_unrotate(st.x, st.n_tokens, m.hparams().n_embd, m.embd_rotation(), *st.pool);
     rope_table(st.pos, st.n_tokens, rope_params(m), st.rope_cs);
 }
 
@@ -82,8 +114,9 @@ void project_qkv(const Model& m, const LayerWeights& w, ForwardState& st) {
     const Hparams& hp = m.hparams();
     rms_norm(st.x, w.attn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
     const WeightView* ws[3] = {&w.wq, &w.wk, &w.wv};
+    const Rotation* rs[3] = {&w.r_q, &w.r_k, &w.r_v};
     float* ys[3] = {st.q, st.k, st.v};
-    matmul_shared_input(ws, ys, 3, st.cur, st.n_tokens, st.act, *st.pool);
+    matmul_group(ws, rs, ys, 3, st.cur, st.n_tokens, st);
 }
 
 void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st) {
@@ -108,7 +141,7 @@ void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st)
     a.flash = st.flash_attn;
     a.out = st.attn;
     attention(a, st.attn_scratch, st.attn_scratch_per_thread, *st.pool);
-    matmul(w.wo, st.attn, st.n_tokens, st.cur, st.act, *st.pool);
+    matmul_one(w.wo, w.r_o, st.attn, st.n_tokens, st.cur, st);
     add_inplace(st.x, st.cur, st.n_tokens * hp.n_embd);
 }
 
@@ -116,10 +149,11 @@ void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st) {
     const Hparams& hp = m.hparams();
     rms_norm(st.x, w.ffn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
     const WeightView* ws[2] = {&w.w_gate, &w.w_up};
+    const Rotation* rs[2] = {&w.r_gate, &w.r_up};
     float* ys[2] = {st.gate, st.up};
-    matmul_shared_input(ws, ys, 2, st.cur, st.n_tokens, st.act, *st.pool);
+    matmul_group(ws, rs, ys, 2, st.cur, st.n_tokens, st);
     swiglu(st.gate, st.up, st.n_tokens * hp.n_ff, st.gate);
-    matmul(w.w_down, st.gate, st.n_tokens, st.cur, st.act, *st.pool);
+    matmul_one(w.w_down, w.r_down, st.gate, st.n_tokens, st.cur, st);
     add_inplace(st.x, st.cur, st.n_tokens * hp.n_embd);
 }
 
@@ -130,7 +164,7 @@ void output_logits(const Model& m, ForwardState& st) {
         rms_norm(st.x + static_cast<int64_t>(st.out_rows[i]) * hp.n_embd, m.output_norm().data(), 1,
                  hp.n_embd, hp.rms_eps, st.cur + i * hp.n_embd);
     }
-    matmul(m.output(), st.cur, st.n_out, st.logits, st.act, *st.pool);
+    matmul_one(m.output(), m.output_rotation(), st.cur, st.n_out, st.logits, st);
 }
 
 }  // namespace bonsai

@@ -11,6 +11,7 @@ examples:
   bonsai convert ./my-ptq1-dir --outfile model.gguf                    # bonsai quantize output
   bonsai convert model-ptq1_0.gguf --outfile model-q2_0.gguf --outtype q2_0   # for mainline llama.cpp
   bonsai convert model-q8_0.gguf --outfile model-q4_0.gguf --outtype q4_0 --allow-lossy
+  bonsai convert model-f16.gguf --outfile rotated-f16.gguf --hadamard 128   # Bonsai 2 rotation
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(qwen2, llama-bpe, gpt-2, default)")
     p.add_argument("--model-name", metavar="NAME", help="general.name of the output")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--hadamard", type=int, metavar="B",
+                   help="fold a blockwise Walsh-Hadamard rotation of block B (a power of two) into the "
+                        "linear weights and token_embd, with prism.hadamard metadata (Bonsai 2 files)")
+    p.add_argument("--hadamard-seed", type=int, default=0, metavar="N",
+                   help="seed of the rotation's +-1 sign vectors (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
 
     convert(args.src, args.outfile, args.outtype, allow_lossy=args.allow_lossy, force=args.force,
             pre_tokenizer=args.pre_tokenizer, model_name=args.model_name,
-            progress=not args.no_progress)
+            progress=not args.no_progress, hadamard=args.hadamard, hadamard_seed=args.hadamard_seed)
     return 0

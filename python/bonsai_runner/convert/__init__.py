@@ -36,22 +36,44 @@ def source_kind(src: str | Path) -> str:
 
 def convert(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
             allow_lossy: bool = False, force: bool = False, pre_tokenizer: str | None = None,
-            model_name: str | None = None, progress: bool = True, log=None) -> Path:
-    """Converts `src` (HF directory, PTQ1_0 directory or GGUF file) to the GGUF file `outfile`."""
+            model_name: str | None = None, progress: bool = True, log=None,
+            hadamard: int | None = None, hadamard_seed: int = 0) -> Path:
+    """Converts `src` (HF directory, PTQ1_0 directory or GGUF file) to the GGUF file `outfile`.
+
+    `hadamard` = B folds the prism.hadamard rotation (convert/hadamard_fold.py); a directory is
+    first converted exactly to a temporary F32 GGUF next to `outfile`, then rotated and typed."""
     kw = {"allow_lossy": allow_lossy, "force": force, "model_name": model_name,
           "progress": progress}
     if log is not None:
         kw["log"] = log
+    rot = {"hadamard": hadamard, "hadamard_seed": hadamard_seed} if hadamard else {}
+    if hadamard:
+        from .hadamard_fold import check_block
+
+        check_block(hadamard)
     if source_kind(src) == "gguf":
         if pre_tokenizer:
             raise BonsaiError("--pre-tokenizer applies to Hugging Face directories, not to GGUF "
                               "input (its tokenizer metadata is carried over)")
         from .gguf_to_gguf import convert_gguf
 
-        return convert_gguf(src, outfile, outtype, **kw)
+        return convert_gguf(src, outfile, outtype, **kw, **rot)
     from .hf_to_gguf import convert_hf
 
-    return convert_hf(src, outfile, outtype, pre_tokenizer=pre_tokenizer, **kw)
+    if not hadamard:
+        return convert_hf(src, outfile, outtype, pre_tokenizer=pre_tokenizer, **kw)
+    from .gguf_to_gguf import convert_gguf
+    from .gguf_out import check_outfile
+
+    out = check_outfile(outfile, force, [Path(src)])
+    tmp = out.with_name(f".{out.name}.unrotated-f32.gguf")
+    try:
+        convert_hf(src, tmp, "f32", pre_tokenizer=pre_tokenizer, **{**kw, "force": True})
+        # token_embd / output take F16 as convert_hf gives them (F32 only when asked for)
+        return convert_gguf(tmp, out, "f16" if outtype == "auto" else outtype, **kw, **rot,
+                            embd_type="f32" if outtype == "f32" else "f16")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 __all__ = ["convert", "source_kind", "OUTTYPES", "OUTTYPE_HELP"]

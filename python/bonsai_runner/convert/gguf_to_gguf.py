@@ -145,8 +145,12 @@ def _out_type(name: str, src_type: str, shape, outtype: str, file_ternary: bool)
 
 def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lossy: bool = False,
                  force: bool = False, model_name: str | None = None, progress: bool = True,
-                 log: Callable[[str], None] = _stderr) -> Path:
-    """Re-types the GGUF file `src` into `outfile`; exact unless `allow_lossy`."""
+                 log: Callable[[str], None] = _stderr, hadamard: int | None = None,
+                 hadamard_seed: int = 0, embd_type: str | None = None) -> Path:
+    """Re-types the GGUF file `src` into `outfile`; exact unless `allow_lossy`. With `hadamard` = B,
+    folds the prism.hadamard rotation into it (hadamard_fold.py). A rotated input keeps its
+    rotation keys, which stay true: re-typing changes no tensor's basis. `embd_type` replaces the
+    kept type of token_embd / output.weight (the directory path's temporary F32 file)."""
     outtype = outtype.lower()
     if outtype not in OUTTYPES:
         raise BonsaiError(f"unknown --outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
@@ -161,6 +165,8 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
     items, fell_back, unwritable = [], [], set()
     for name, t in zip(source.names, source.tensors):
         ot = _out_type(name, t.type_name, t.shape, outtype, file_ternary)
+        if embd_type and name in _EMBD_OUT and ot == t.type_name:  # kept type: the caller's choice
+            ot = embd_type
         if ot not in TYPES:
             unwritable.add(ot.upper())
             ot = "f16"
@@ -170,6 +176,13 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
         role = "linear" if len(t.shape) == 2 and name not in _EMBD_OUT else ""
         exact = not allow_lossy and needs_verification(t.type_name, ot)
         items.append(PlannedTensor(name, t.shape, ot, (lambda t=t: t), exact, role))
+    rotation_meta = []
+    if hadamard:
+        from .hadamard_fold import fold_plan
+
+        items, rotation_meta = fold_plan(
+            items, source.metadata, hadamard, hadamard_seed, allow_lossy,
+            lambda n, shape, ot, load, role: PlannedTensor(n, shape, ot, load, False, role))
     if unwritable and outtype == "auto":
         raise BonsaiError(f"{src}: tensor types {', '.join(sorted(unwritable))} can be read but not "
                           "written by bonsai-runner; choose --outtype f32 (exact) or f16/bf16/q8_0 "
@@ -179,15 +192,18 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
         if lossy:
             raise lossy_error(lossy, f"{src.name} to {outtype}")
 
-    retyped = {it.name: it.out_type for it, t in zip(items, source.tensors)
-               if it.out_type != t.type_name}
-    meta = _carry_metadata(source, items, retyped, outtype, model_name)
+    src_types = {n: t.type_name for n, t in zip(source.names, source.tensors)}
+    retyped = {it.name: it.out_type for it in items if it.out_type != src_types.get(it.name)}
+    meta = _carry_metadata(source, items, retyped, outtype, model_name) + rotation_meta
     writer = open_writer(out, arch)
     add_metadata(writer, meta)
     write_plan(writer, items, progress)
     if fell_back:
         log(f"{len(fell_back)} tensor(s) kept their type (rows do not fit the {outtype} block): "
             + ", ".join(fell_back))
+    if hadamard:
+        log(f"folded the Hadamard rotation (block {hadamard}, seed {hadamard_seed}) into "
+            f"{len(rotation_meta[5].value)} weights and token_embd")
     log(f"wrote {out} ({len(items)} tensors, {len(retyped)} re-typed; "
         f"{out.stat().st_size / 2**20:.1f} MiB)")
     return out

@@ -59,6 +59,11 @@ class GgufCheckpoint:
         self.src = GgufSource(self.path)
         md = {kv.key: kv.value for kv in self.src.metadata}
         self.metadata = md
+        if any(k.startswith("prism.hadamard.") for k in md):
+            raise BonsaiError(f"{self.path} is Hadamard-rotated (prism.hadamard.* keys); the quantizer runs "
+                              "the Hugging Face layout, which has no rotation, so the output would be wrong. "
+                              "Quantize the unrotated file, or re-type the rotated one with bonsai convert "
+                              "--outtype ptq1_0 --allow-lossy (which keeps the rotation)")
         arch = md.get("general.architecture")
         if arch not in CONFIG_CLASSES:
             raise BonsaiError(f"{self.path}: architecture {arch!r} cannot be quantized; supported: "
