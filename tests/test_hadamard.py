@@ -447,6 +447,10 @@ def test_rotation_summary_for_inspect(tmp_path):
     text = format_rotation(_meta(rot)[0])
     assert "block 64" in text and "folded weights: 15" in text and "token_embd.weight" in text
     assert format_rotation(_meta(src)[0]) is None
+    from bonsai_runner.inspect import format_report, inspect_file
+
+    assert text in format_report(inspect_file(rot))  # `bonsai inspect` shows it
+    assert "Hadamard" not in format_report(inspect_file(src))
 
 
 def test_plan_counts_the_sign_vectors(tmp_path):

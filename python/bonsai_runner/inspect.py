@@ -26,6 +26,7 @@ import numpy as np
 
 from .errors import BonsaiError
 from .gguf_reader import escape_invalid_utf8, has_invalid_utf8, open_gguf
+from .hadamard import format_rotation
 
 FALLBACK_KEY = "bonsai.fallback_table"
 LINEAR_RE = re.compile(
@@ -136,6 +137,7 @@ def inspect_file(path: str | os.PathLike, use_mmap: bool = True) -> dict:
                              if not x["supported"]}
     report["fallback_table"] = (parse_fallback_table(path, md[FALLBACK_KEY])
                                 if FALLBACK_KEY in md else None)
+    report["rotation"] = format_rotation(md)
     return report
 
 
@@ -224,6 +226,8 @@ def format_report(r: dict, tensors: bool = True) -> str:
         out += ["", f"warning: {len(r['invalid_utf8'])} metadata keys hold strings that are not valid "
                 f"UTF-8 (bad bytes shown as \\xNN): {', '.join(r['invalid_utf8'][:MAX_ITEMS])}"
                 + (", ..." if len(r["invalid_utf8"]) > MAX_ITEMS else "")]
+    if r.get("rotation"):
+        out += ["", r["rotation"]]
     if r["unsupported"]:
         n = sum(r["unsupported"].values())
         kinds = ", ".join(f"{k} ({v})" for k, v in r["unsupported"].items())
