@@ -1,8 +1,10 @@
 """The PTQ1_0 quantizer (python/bonsai_runner/quantize): fitting, GPTQ, refinement, pipeline, errors.
 
 Oracles: exhaustive search over all 3^n ternary codes for the exact fit; an independent per-head,
-per-position float64 loop for the block forward; finite differences for the refinement gradients;
-the converter's PTQ1_0 directory reader and the GGUF reader for the end-to-end files.
+per-position float64 loop for the block forward (transformers' decoder layer, hf_layers.py); the
+converter's PTQ1_0 directory reader and the GGUF reader for the end-to-end files. (The refinement's
+gradients come from torch autograd through that same forward; tests/test_quantize_torch.py holds
+the torch-vs-numpy oracle tests of the fit, GPTQ and refit.)
 Tiny models come from tests/model_factory.py (random weights, tokenizers trained on the spot).
 """
 
@@ -17,18 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import run_cli
 from model_factory import make_hf_model, write_calibration
 
 from bonsai_runner.errors import BonsaiError
 from bonsai_runner.quantize import QuantizeOptions, quantize_model
-from bonsai_runner.quantize.block_forward import (HF_KEYS, INPUT_OF, LINEARS, BlockConfig,
-                                                  block_forward)
 from bonsai_runner.quantize.calibration import Tokenizer, load_calibration
 from bonsai_runner.quantize.gptq import quantize_layer
-from bonsai_runner.quantize.pipeline import BlockLoader, _hessian_of
-from bonsai_runner.quantize.refine import block_backward
+from bonsai_runner.quantize.hf_layers import HF_KEYS, INPUT_OF, LINEARS, HfLayers
+from bonsai_runner.quantize.pipeline import BlockLoader, BlockRunner
 from bonsai_runner.quantize.ternary_fit import fit_ternary_groups, weighted_error
 
 SMALL = dict(hidden=128, ffn=256, n_layer=2, n_head=4, n_head_kv=2)
@@ -83,36 +84,40 @@ def test_exact_fit_equals_exhaustive_search():
             h[rng.integers(0, n)] = 0.0               # zero importance
         if trial % 5 == 0 and n > 1:
             w[1] = -w[0]                              # ties in |w|
-        codes, s = fit_ternary_groups(w[None], h[None], fp16=False)
-        got = float(weighted_error(w[None], codes, s, h)[0])
+        wt, ht = torch.from_numpy(w[None]), torch.from_numpy(h[None])
+        codes, s = fit_ternary_groups(wt, ht, fp16=False)
+        got = float(weighted_error(wt, codes, s, ht)[0])
         assert got <= _exhaustive(w, h) + 1e-9 * (1 + abs(got)), (w, h)
-        assert set(np.unique(codes)) <= {-1, 0, 1}
+        assert set(np.unique(codes.numpy())) <= {-1, 0, 1}
 
 
 def test_fit_stores_fp16_scales():
     rng = np.random.default_rng(1)
-    codes, s = fit_ternary_groups(rng.standard_normal((5, 128)), rng.random(128))
+    codes, s = fit_ternary_groups(torch.from_numpy(rng.standard_normal((5, 128))).float(),
+                                  torch.from_numpy(rng.random(128)).float())
+    s = s.numpy()
     assert np.array_equal(s, s.astype(np.float16).astype(np.float32))
     assert (s > 0).all()
 
 
-# ----- block forward and its gradients -----
+# ----- the block forward: transformers' decoder layer against a reference loop -----
 
-def _reference_block(x, w, cfg):
+def _reference_block(x, w, hp):
     """Independent float64 loop over sequences, positions and heads (HF semantics)."""
     x = x.astype(np.float64)
     w = {k: v.astype(np.float64) for k, v in w.items()}
-    nh, nkv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
+    inv_freq = 1.0 / hp.rope_theta ** (np.arange(0, hd, 2) / hd)
     B, T, d = x.shape
 
     def norm(v, g):
-        return v / np.sqrt(np.mean(v * v) + cfg.eps) * g
+        return v / np.sqrt(np.mean(v * v) + hp.rms_eps) * g
 
     def rope(v, pos):
         half = hd // 2
         out = np.empty_like(v)
         for i in range(half):
-            a = pos / cfg.pos_scale * cfg.inv_freq[i]
+            a = pos * inv_freq[i]
             out[i] = v[i] * np.cos(a) - v[i + half] * np.sin(a)
             out[i + half] = v[i + half] * np.cos(a) + v[i] * np.sin(a)
         return out
@@ -126,7 +131,7 @@ def _reference_block(x, w, cfg):
             k = w["k"] @ a + w.get("k_bias", 0)
             v = w["v"] @ a + w.get("v_bias", 0)
             q, k = q.reshape(nh, hd), k.reshape(nkv, hd)
-            if cfg.qk_norm:
+            if "q_norm" in w:
                 q = np.stack([norm(qq, w["q_norm"]) for qq in q])
                 k = np.stack([norm(kk, w["k_norm"]) for kk in k])
             qs.append(np.stack([rope(qq, t) for qq in q]))
@@ -153,55 +158,41 @@ def _block(model, i=0):
 
     ck = HfCheckpoint(model["dir"])
     fam = family_for(ck.config)
-    return BlockLoader(ck).load_block(i), BlockConfig.from_family(fam), fam
+    layers = HfLayers(ck.config, torch.device("cpu"))
+    return BlockLoader(ck).load_block(i), BlockRunner(layers, 4), fam
+
+
+def _t(w):
+    return {k: torch.from_numpy(v) for k, v in w.items()}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_block_forward_matches_reference_loop(models, arch):
-    w, cfg, fam = _block(models[arch])
+    w, run, fam = _block(models[arch])
     x = np.random.default_rng(0).standard_normal((2, 6, fam.hp.n_embd)).astype(np.float32)
-    got = block_forward(x, w, cfg)
-    ref = _reference_block(x, w, cfg)
+    got = run.forward(0, _t(w), torch.from_numpy(x)).numpy()
+    ref = _reference_block(x, w, fam.hp)
     np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_refinement_gradients_match_finite_differences(models, arch):
-    w, cfg, fam = _block(models[arch])
-    w = {k: v.astype(np.float64) for k, v in w.items()}
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((2, 5, fam.hp.n_embd))
-    R = rng.standard_normal(x.shape)
-    _, cache = block_forward(x, w, cfg, keep=True)
-    grads = block_backward(R, w, cache, cfg)
-    for k in LINEARS:
-        for _ in range(2):
-            i, j = rng.integers(0, w[k].shape[0]), rng.integers(0, w[k].shape[1])
-            wp, wm = dict(w), dict(w)
-            wp[k], wm[k] = w[k].copy(), w[k].copy()
-            wp[k][i, j] += 1e-6
-            wm[k][i, j] -= 1e-6
-            fd = ((block_forward(x, wp, cfg) - block_forward(x, wm, cfg)) * R).sum() / 2e-6
-            assert abs(fd - grads[k][i, j]) <= 1e-5 * (1 + abs(fd)), (k, fd, grads[k][i, j])
 
 
 # ----- GPTQ on the tiny model's layers -----
 
 def test_gptq_lowers_layer_output_error(models, calib_file):
     m = models["qwen2"]
-    w, cfg, fam = _block(m)
+    w, run, fam = _block(m)
     from bonsai_runner.convert.hf_reader import HfCheckpoint
 
     tok = Tokenizer(m["dir"])
     cal = load_calibration(calib_file, tok, 32, 12, 0, fam.hp.n_vocab)
     embed = HfCheckpoint(m["dir"]).read_float32("model.embed_tokens.weight")
-    x = embed[cal.tokens].astype(np.float32)
+    x = torch.from_numpy(embed[cal.tokens].astype(np.float32))
+    w = _t(w)
     for key in LINEARS:
-        H = _hessian_of(x, w, cfg, 4, INPUT_OF[key])
+        H = run.hessian(0, w, x, INPUT_OF[key])
         res = quantize_layer(w[key], H, "ptq1_0")
         assert res.err_gptq < res.err_plain, key
         assert res.err <= res.err_gptq + 1e-12, key
-        assert set(np.unique(res.codes)) <= {-1, 0, 1}
+        assert set(np.unique(res.codes.numpy())) <= {-1, 0, 1}
 
 
 # ----- the pipeline -----

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from model_factory import make_hf_model, write_calibration
 
 from bonsai_runner.errors import BonsaiError
 from bonsai_runner.quantize import QuantizeOptions, pipeline, quantize_model
-from bonsai_runner.quantize.block_forward import (INPUT_OF, LINEARS, STAGES, BlockConfig,
-                                                  forward_batched)
+from bonsai_runner.quantize.hf_layers import INPUT_OF, LINEARS, STAGES, HfLayers
 from bonsai_runner.quantize.calibration import Tokenizer, load_calibration
 from bonsai_runner.quantize.gptq import plain_fit_errors, quantize_layer
-from bonsai_runner.quantize.pipeline import BlockLoader, _hessian_of, _stage_hessians
+from bonsai_runner.quantize.pipeline import BlockLoader, BlockRunner
 from bonsai_runner.quantize.policy import PROMOTION, promote_to_target, tier_bpw
 
 SMALL = dict(hidden=128, ffn=256, n_layer=2, n_head=4, n_head_kv=2)
@@ -94,31 +94,32 @@ def _block_and_hessians(model, calib_file):
 
     ck = HfCheckpoint(model["dir"])
     fam = family_for(ck.config, "config.json")
-    cfg = BlockConfig.from_family(fam)
+    run = BlockRunner(HfLayers(ck.config, torch.device("cpu")), 3)
     cal = load_calibration(calib_file, Tokenizer(model["dir"]), 32, 8, 0, fam.hp.n_vocab)
-    x = BlockLoader(ck).read("model.embed_tokens.weight")[cal.tokens]
-    w = BlockLoader(ck).load_block(0)
-    return x, w, cfg
+    x = torch.from_numpy(BlockLoader(ck).read("model.embed_tokens.weight")[cal.tokens])
+    w = {k: torch.from_numpy(v) for k, v in BlockLoader(ck).load_block(0).items()}
+    return x, w, run
 
 
 def test_one_forward_gives_every_stage_hessian(model, calib_file):
-    x, w, cfg = _block_and_hessians(model, calib_file)
+    x, w, run = _block_and_hessians(model, calib_file)
     wanted = {INPUT_OF[s[0]] for s in STAGES}
-    Hs, out = _stage_hessians(x, w, cfg, 3, wanted)
+    Hs, out = run.stage_hessians(0, w, x, wanted)
     assert set(Hs) == wanted
     for name in wanted:
-        np.testing.assert_allclose(Hs[name], _hessian_of(x, w, cfg, 3, name), rtol=1e-6,
-                                   atol=1e-9)
-    np.testing.assert_array_equal(out, forward_batched(x, w, cfg, 3))
+        np.testing.assert_allclose(Hs[name].numpy(), run.hessian(0, w, x, name).numpy(),
+                                   rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(out.numpy(), run.forward(0, w, x).numpy())
 
 
 def test_plain_fit_estimate_is_the_full_quantizers_plain_error(model, calib_file):
-    x, w, cfg = _block_and_hessians(model, calib_file)
+    x, w, run = _block_and_hessians(model, calib_file)
     for key in ("q", "o", "down"):
-        H = _hessian_of(x, w, cfg, 4, INPUT_OF[key])
+        H = run.hessian(0, w, x, INPUT_OF[key])
         est, energy = plain_fit_errors(w[key], H, PROMOTION)
-        w64 = w[key].astype(np.float64)
-        assert energy == pytest.approx(float(np.trace(w64 @ H @ w64.T)), rel=1e-9)
+        w64, H64 = w[key].double(), H.double()
+        # float32 products against the float64 trace
+        assert energy == pytest.approx(float(torch.trace(w64 @ H64 @ w64.T)), rel=1e-5)
         for t in PROMOTION:
             full = quantize_layer(w[key], H, t)
             assert est[t] == pytest.approx(full.err_plain, rel=1e-9)

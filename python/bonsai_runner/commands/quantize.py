@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="activation-aware channel scaling before the ternary fit (AWQ-style, "
                    "exact folds into the norms / v rows; on Qwen2.5-0.5B it changed layer errors "
                    "by ~0.1%% but raised the mean KL from 2.42 to 2.65: off by default)")
+    p.add_argument("--device", default="auto",
+                   help="torch device of the quantizer: auto (CUDA when available), cpu, cuda, "
+                        "cuda:N")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -91,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len, seed=args.seed, policy=args.policy, embed_type=args.embed_type,
         damp=args.damp, method=args.method,
         equalize=args.equalize, refine_target=args.refine_target,
-        float_target=args.float_target, force=args.force, progress=not args.no_progress)
+        float_target=args.float_target, force=args.force, progress=not args.no_progress,
+        device=args.device)
     result = quantize_model(opts)
     if result["output_dir"]:
         print(result["output_dir"])

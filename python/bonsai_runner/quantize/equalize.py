@@ -32,7 +32,7 @@ without bias and costs a fraction of the full fit).
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
 from .gptq import dequantize, grid
 from .ternary_fit import fit_ternary_matrix
@@ -41,57 +41,56 @@ ALPHAS = (0.0, 0.15, 0.3, 0.45, 0.6, 0.75)
 SEARCH_ROWS = 768
 
 
-def _rows(w: np.ndarray, n: int) -> np.ndarray:
+def _rows(w: torch.Tensor, n: int) -> torch.Tensor:
     if w.shape[0] <= n:
         return w
-    return w[np.linspace(0, w.shape[0] - 1, n).round().astype(np.int64)]
+    return w[torch.linspace(0, w.shape[0] - 1, n, dtype=torch.float64).round().long()]
 
 
-def _stage_error(ws: list[np.ndarray], H: np.ndarray, s: np.ndarray, tier: str) -> float:
+def _stage_error(ws: list[torch.Tensor], H: torch.Tensor, s: torch.Tensor, tier: str) -> float:
     """Summed relative output error of the plain ternary fit of the column-scaled weights."""
     g = grid(tier)
-    Hs = H / np.outer(s, s)
-    h = np.maximum(np.diag(Hs), 0.0)
+    Hs = H / torch.outer(s, s)
+    h = torch.diagonal(Hs).clamp_min(0.0)
     total = 0.0
     for w in ws:
-        wsub = _rows(w, SEARCH_ROWS).astype(np.float64) * s
+        wsub = _rows(w, SEARCH_ROWS) * s
         codes, scales = fit_ternary_matrix(wsub, g.group, h)
-        e = wsub - dequantize(codes, scales, g.group)
-        num = float(((e @ Hs) * e).sum())
-        den = float(((wsub @ Hs) * wsub).sum())
-        total += np.sqrt(max(num, 0.0) / den) if den > 0 else 0.0
+        e = wsub - dequantize(codes, scales, g.group, wsub.dtype)
+        num = float(((e @ Hs) * e).sum(dtype=torch.float64))
+        den = float(((wsub @ Hs) * wsub).sum(dtype=torch.float64))
+        total += (max(num, 0.0) / den) ** 0.5 if den > 0 else 0.0
     return total
 
 
-def channel_rms(H: np.ndarray) -> np.ndarray:
+def channel_rms(H: torch.Tensor) -> torch.Tensor:
     """Per-input RMS over the calibration tokens from H = 2 X^T X / tokens."""
-    return np.sqrt(np.maximum(np.diag(H), 0.0) / 2.0)
+    return torch.sqrt(torch.diagonal(H).clamp_min(0.0) / 2.0)
 
 
-def choose_scales(ws: list[np.ndarray], H: np.ndarray, tier: str,
-                  tie_groups: np.ndarray | None = None, alphas=ALPHAS
-                  ) -> tuple[np.ndarray, float, float, float]:
+def choose_scales(ws: list[torch.Tensor], H: torch.Tensor, tier: str,
+                  tie_groups: torch.Tensor | None = None, alphas=ALPHAS
+                  ) -> tuple[torch.Tensor, float, float, float]:
     """(s [cols] float32, alpha, error at alpha 0, error at the chosen alpha) for one stage.
 
-    tie_groups: None, or an int array [cols] of group ids whose columns must get equal scales
+    tie_groups: None, or an int tensor [cols] of group ids whose columns must get equal scales
     (o_proj: columns of query heads that share a KV head); the RMS is averaged inside a group."""
-    a = channel_rms(H)
+    a = channel_rms(H).double()
     if tie_groups is not None:
-        sums = np.bincount(tie_groups, weights=a * a)
-        cnt = np.bincount(tie_groups)
-        a = np.sqrt(sums / np.maximum(cnt, 1))[tie_groups]
+        tg = tie_groups.to(a.device)
+        sums = torch.bincount(tg, weights=a * a)
+        cnt = torch.bincount(tg)
+        a = torch.sqrt(sums / cnt.clamp_min(1))[tg]
     live = a > 0
-    if not live.any():
-        s1 = np.ones(H.shape[0], np.float32)
-        return s1, 0.0, 0.0, 0.0
-    a = np.where(live, a, a[live].min())
+    if not bool(live.any()):
+        return torch.ones(H.shape[0], device=H.device), 0.0, 0.0, 0.0
+    a = torch.where(live, a, a[live].min())
     best = None
     err0 = None
     for alpha in alphas:
         s = a ** alpha
-        s = s / np.sqrt(s.max() * s.min())
-        s = s.astype(np.float32)
-        err = _stage_error(ws, H, s.astype(np.float64), tier)
+        s = (s / torch.sqrt(s.max() * s.min())).to(torch.float32)
+        err = _stage_error(ws, H, s.to(H.dtype), tier)
         if alpha == 0.0:
             err0 = err
         if best is None or err < best[2]:
@@ -100,19 +99,18 @@ def choose_scales(ws: list[np.ndarray], H: np.ndarray, tier: str,
     if err0 is None:
         err0 = err
     if alpha == 0.0:
-        s = np.ones_like(s)
+        s = torch.ones_like(s)
     return s, float(alpha), float(err0), float(err)
 
 
-def o_tie_groups(n_head: int, n_head_kv: int, head_dim: int) -> np.ndarray:
+def o_tie_groups(n_head: int, n_head_kv: int, head_dim: int) -> torch.Tensor:
     """Group id of every o_proj input column: (KV head of its query head, dim)."""
     rep = n_head // n_head_kv
-    head = np.arange(n_head * head_dim) // head_dim
-    dim = np.arange(n_head * head_dim) % head_dim
-    return (head // rep) * head_dim + dim
+    col = torch.arange(n_head * head_dim)
+    return (col // head_dim // rep) * head_dim + col % head_dim
 
 
-def v_row_scales(s_o: np.ndarray, n_head: int, n_head_kv: int, head_dim: int) -> np.ndarray:
+def v_row_scales(s_o: torch.Tensor, n_head: int, n_head_kv: int, head_dim: int) -> torch.Tensor:
     """The per-v-row divisor [n_head_kv * head_dim] matching o_proj column scales s_o."""
     rep = n_head // n_head_kv
     return s_o.reshape(n_head, head_dim)[::rep].reshape(-1)

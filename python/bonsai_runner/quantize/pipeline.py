@@ -10,8 +10,9 @@ Order of work (each step fails with one clear error before anything is written):
    output error at every tier by the plain fit (no GPTQ) on its float inputs, and one global
    greedy promotion fixes the tiers (policy.py); the main pass then runs GPTQ at that one tier;
 5. embed the calibration tokens, then block by block (only that block's weights and the
-   calibration hidden states in memory, loaded through `BlockLoader`):
-   a. stage by stage (q/k/v, o, gate/up, down: block_forward.STAGES) accumulate the Hessian of the
+   calibration hidden states in memory, loaded through `BlockLoader`; the block runs as
+   transformers' own decoder layer, hf_layers.py):
+   a. stage by stage (q/k/v, o, gate/up, down: hf_layers.STAGES) accumulate the Hessian of the
       stage's input *through the already-quantized part of the block*, quantize each layer (GPTQ +
       scale refit, gptq.py), record cosine / relative output error, and with
       --sensitivity-analysis send layers under --threshold to Q8_0;
@@ -26,21 +27,29 @@ Order of work (each step fails with one clear error before anything is written):
 The per-tensor cosine / relative error in the table are measured on the calibration Hessian right
 after GPTQ (before --calib-steps refinement, whose block-level effect is reported separately);
 loss_delta is the block-level held-out loss increase, repeated on each of the block's tensors.
+
+Compute: torch on `--device` (auto: CUDA when available), float32 (gptq.py says where float64 is
+used and why). The block's weights, the Hessians and the batch being run live on the device; the
+calibration hidden states live on the host and go to the device one batch at a time (on the
+CPU they are used in place). Time per stage is reported (`report["timing"]`, quant_config.json's
+calibration.timing) with the device.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..errors import BonsaiError
-from .block_forward import (HF_KEYS, INPUT_OF, LINEARS, STAGES, BlockConfig, block_forward,
-                            forward_batched)
-from .gptq import (LayerResult, grid, plain_fit_errors, quantize_absmean, quantize_layer,
-                   quantize_rtn, reference_codes)
+from .gptq import (LayerResult, dequantize, grid, plain_fit_errors, quantize_absmean,
+                   quantize_layer, quantize_rtn, reference_codes)
+from .hf_layers import CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, STAGES, HfLayers, resolve_device
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
 from .sensitivity import HeldOut, output_metrics
@@ -76,6 +85,7 @@ class QuantizeOptions:
     target_gain: str = "relative"          # --target-bpw gain weight: "relative" or "output"
     force: bool = False
     progress: bool = True
+    device: str = "auto"                   # auto | cpu | cuda | cuda:N (hf_layers.resolve_device)
 
 
 def _stderr(msg: str) -> None:
@@ -83,7 +93,8 @@ def _stderr(msg: str) -> None:
 
 
 class BlockLoader:
-    """Reads the checkpoint one block (or one named tensor) at a time, as float32."""
+    """Reads the checkpoint one block (or one named tensor) at a time, as float32 numpy arrays
+    (the pipeline moves them to its device as torch tensors)."""
 
     def __init__(self, ckpt):
         self.ckpt = ckpt
@@ -114,63 +125,96 @@ class BlockReport:
     refine: dict | None = None
 
 
-class _Captured(Exception):
-    """Raised by a capture callback to stop the block forward once its input is captured."""
+class Timer:
+    """Seconds spent per stage of the run (summed over blocks), for the report."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
 
 
-def activations_of(x, w, cfg, wanted: str) -> np.ndarray:
-    """The activations `wanted` ([tokens, features], float32) of hidden states x in block w; the
-    forward stops right after them."""
-    got = []
+class BlockRunner:
+    """Runs block i (transformers' decoder layer, hf_layers.py) on the hidden states [N, T, d]
+    (host tensors) in batches of `batch` sequences on the device, with weights w (short keys)."""
 
-    def cap(name, a):
-        if name == wanted:
-            got.append(np.ascontiguousarray(a, dtype=np.float32))
-            raise _Captured
+    def __init__(self, layers: HfLayers, batch: int):
+        self.layers, self.batch, self.device = layers, batch, layers.device
 
-    try:
-        block_forward(x, w, cfg, cap)
-    except _Captured:
-        pass
-    return got[0]
+    def run(self, i: int, w: dict, xb: torch.Tensor, capture=None, stop_after=None):
+        """One batch already on the device (differentiable when called with grad enabled)."""
+        params = {HF_KEYS[k]: v for k, v in w.items()}
+        return self.layers.forward(i, params, xb, capture, stop_after)
+
+    @torch.no_grad()
+    def forward(self, i: int, w: dict, x: torch.Tensor, capture=None) -> torch.Tensor:
+        out = torch.empty_like(x)
+        for b in range(0, x.shape[0], self.batch):
+            out[b:b + self.batch] = self.run(i, w, x[b:b + self.batch].to(self.device),
+                                             capture).to(out.device)
+        return out
+
+    @torch.no_grad()
+    def activations(self, i: int, w: dict, x: torch.Tensor, wanted: str) -> torch.Tensor:
+        """The activations `wanted` ([tokens, features], on the device) of hidden states x (one
+        batch) in block i; the forward stops right after them."""
+        mod = CAPTURE_MODULE[wanted]
+        got = []
+        self.run(i, w, x.to(self.device), lambda n, a: got.append(a) if n == mod else None, mod)
+        return got[0]
+
+    @torch.no_grad()
+    def hessian(self, i: int, w: dict, x_all: torch.Tensor, wanted: str) -> torch.Tensor:
+        """H = 2 X^T X / tokens (float32, on the device) of the activations `wanted` when
+        running x_all through block i."""
+        H, n = None, 0
+        for b in range(0, x_all.shape[0], self.batch):
+            a = self.activations(i, w, x_all[b:b + self.batch], wanted)
+            H = a.T @ a if H is None else H.addmm_(a.T, a)
+            n += a.shape[0]
+        return H * (2.0 / max(n, 1))
+
+    @torch.no_grad()
+    def stage_hessians(self, i: int, w: dict, x_all: torch.Tensor, wanted
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """({name: H = 2 X^T X / tokens} for the activations in `wanted`, the block output),
+        from ONE forward of x_all through block i."""
+        mods = {CAPTURE_MODULE[k]: k for k in wanted}
+        acc: dict[str, torch.Tensor] = {}
+        n = {k: 0 for k in wanted}
+
+        def cap(name, a):
+            k = mods.get(name)
+            if k is not None:
+                acc[k] = a.T @ a if k not in acc else acc[k].addmm_(a.T, a)
+                n[k] += a.shape[0]
+
+        out = self.forward(i, w, x_all, cap)
+        return {k: acc[k] * (2.0 / max(n[k], 1)) for k in acc}, out
 
 
-def _hessian_of(x_all, w, cfg, batch, wanted: str) -> np.ndarray:
-    """H = 2 X^T X / tokens of the activations `wanted` when running x_all through the block."""
-    H, n = None, 0
-    for i in range(0, x_all.shape[0], batch):
-        a = activations_of(x_all[i:i + batch], w, cfg, wanted)
-        xtx = (a.T @ a).astype(np.float64)
-        H = xtx if H is None else H + xtx
-        n += a.shape[0]
-    return 2.0 * H / max(n, 1)
-
-
-def _stage_hessians(x_all, w, cfg, batch, wanted) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """({name: H = 2 X^T X / tokens} for the activations in `wanted`, the block output), from ONE
-    forward of x_all through block w."""
-    acc: dict[str, np.ndarray] = {}
-    n = {k: 0 for k in wanted}
-
-    def cap(name, a):
-        if name in wanted:
-            a = np.ascontiguousarray(a, dtype=np.float32)
-            xtx = (a.T @ a).astype(np.float64)
-            acc[name] = xtx if name not in acc else acc[name] + xtx
-            n[name] += a.shape[0]
-
-    out = forward_batched(x_all, w, cfg, batch, cap)
-    return {k: 2.0 * acc[k] / max(n[k], 1) for k in acc}, out
-
-
-def _lossless_ternary(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
+def _lossless_ternary(w: torch.Tensor, tier: str) -> tuple[torch.Tensor, torch.Tensor]:
     g = grid(tier).group
     rows, cols = w.shape
     wg = w.reshape(rows, cols // g, g)
-    s = np.abs(wg).max(axis=2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        codes = np.where(s[..., None] > 0, np.rint(wg / s[..., None]), 0).astype(np.int8)
-    return codes.reshape(rows, cols), s.astype(np.float32)
+    s = wg.abs().amax(dim=2)
+    pos = s[..., None] > 0
+    codes = torch.where(pos, torch.round(wg / torch.where(pos, s[..., None], 1.0)), 0.0)
+    return codes.to(torch.int8).reshape(rows, cols), s
+
+
+def _to_device(arrays: dict[str, np.ndarray], device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
+
+
+ENGINE_PENDING = {"qwen3_5": "qwen35", "qwen3_5_text": "qwen35", "qwen3_5_moe": "qwen35moe",
+                  "qwen3_5_moe_text": "qwen35moe"}
 
 
 class Quantizer:
@@ -182,6 +226,8 @@ class Quantizer:
         from .gguf_input import GgufCheckpoint, is_gguf_file
 
         self.opts, self.log = opts, log
+        self.timer = Timer()
+        self.device = resolve_device(opts.device)
         if is_gguf_file(opts.model_dir):
             self.ckpt = GgufCheckpoint(opts.model_dir)
             self.tokenizer_dir = self.ckpt.tokenizer_dir
@@ -190,11 +236,17 @@ class Quantizer:
             self.ckpt = HfCheckpoint(opts.model_dir)
             self.tokenizer_dir = Path(opts.model_dir)
             where = str(Path(opts.model_dir) / "config.json")
+        mt = self.ckpt.config.get("model_type")
+        if mt in ENGINE_PENDING:
+            raise BonsaiError(f"{where}: model_type {mt!r} ({ENGINE_PENDING[mt]} in GGUF) is not "
+                              "supported yet: the engine cannot run it, so the quantizer refuses it "
+                              "before any work; supported: llama, qwen2, qwen3")
         self.family = family_for(self.ckpt.config, where)
         shapes = {n: self.ckpt.shape(n) for n in self.ckpt.tensor_names()}
         self.specs = self.family.validate_tensors(shapes, str(opts.model_dir))
         self.hp = self.family.hp
-        self.cfg = BlockConfig.from_family(self.family)
+        self.layers = HfLayers(self.ckpt.config, self.device, where)
+        self.blocks = BlockRunner(self.layers, max(opts.batch_size, 1))
         self.tokenizer = Tokenizer(self.tokenizer_dir)
         self.policy = Policy(opts.group_size, opts.embed_type, tuple(parse_policy(opts.policy)))
         self.loader = loader_cls(self.ckpt)
@@ -273,7 +325,11 @@ class Quantizer:
         from tqdm import tqdm
 
         o = self.opts
-        lossless = self.scan_ternary()
+        t_start = time.perf_counter()
+        self.log(f"computing on {self.device} with torch {torch.__version__} (float32; "
+                 f"{torch.get_num_threads()} CPU threads)")
+        with self.timer("ternary scan"):
+            lossless = self.scan_ternary()
         n_linear = sum(1 for s in self.specs if s.role == "linear")
         calib = None
         if o.method == "rtn":
@@ -310,6 +366,8 @@ class Quantizer:
             report = self._quantize_all(writer, calib, lossless, tqdm)
             if "sensitivity" in report:
                 summary_cal["sensitivity"] = report["sensitivity"]
+            report["timing"] = self._timing(t_start)
+            summary_cal["compute"] = report["timing"]
             writer.calibration = summary_cal
             summary = summarize(writer.records)
             records = list(writer.records)
@@ -324,7 +382,7 @@ class Quantizer:
         return result
 
     def _quantize_all(self, writer, calib, lossless, tqdm) -> dict:
-        o, hp = self.opts, self.hp
+        o, hp, tm, dev = self.opts, self.hp, self.timer, self.device
         by_block: dict[int, list] = {}
         head_specs = []
         for s in self.specs:
@@ -333,9 +391,11 @@ class Quantizer:
             else:
                 head_specs.append(s)
         embed_name = "model.embed_tokens.weight"
-        embed = self.loader.read(embed_name)
-        embed_q = self._write_2d(writer, embed_name, embed, self.types[embed_name][0],
-                                 "token embedding")
+        with tm("load"):
+            embed = torch.from_numpy(self.loader.read(embed_name))
+        with tm("write"):
+            embed_q = self._write_2d(writer, embed_name, embed, self.types[embed_name][0],
+                                     "token embedding")
         x = heldout = None
         if calib is not None:
             tokens = calib.tokens
@@ -349,85 +409,94 @@ class Quantizer:
                     self.log("warning: only one calibration sequence: the held-out loss is "
                              "measured on calibration text")
                 heldout = HeldOut(held, embed, embed_q)
-            x = embed_q[tokens].astype(np.float32)
+            x = embed_q[torch.from_numpy(tokens.astype(np.int64))]
         # the float model's hidden states, the refinement's target (refine.py)
         x_fp = None
         if x is not None and ((o.calib_steps > 0 and o.refine_target == "float")
                               or o.float_target):
-            x_fp = embed[tokens].astype(np.float32)
+            x_fp = embed[torch.from_numpy(tokens.astype(np.int64))]
         del embed, embed_q
         reports = []
-        bar = tqdm(range(hp.n_layer), desc="quantizing blocks", unit="block",
+        run = self.blocks
+        bar = tqdm(range(hp.n_layer), desc=f"quantizing blocks on {dev}", unit="block",
                    disable=not o.progress, file=sys.stderr)
         for i in bar:
-            w = self.loader.load_block(i)
+            with tm("load"):
+                w = _to_device(self.loader.load_block(i), dev)
             rep, qw, stored = self._quantize_block(i, w, x, lossless,
                                                    x_fp if o.float_target else None)
             if x_fp is not None:
-                x_fp = forward_batched(x_fp, w, self.cfg, o.batch_size)
+                with tm("forward"):
+                    x_fp = run.forward(i, w, x_fp)
             if x is not None and o.calib_steps > 0:
                 from .refine import refine_block
 
                 self.log(f"blk.{i}: refining scales ({o.calib_steps} Adam steps, lr {o.lr})")
-                rep.refine = refine_block(x, w, qw, stored, self.cfg, o.calib_steps, o.lr,
-                                          o.batch_size, o.seed, log=self.log, target=x_fp)
+                with tm("refine"):
+                    target = x_fp if x_fp is not None else run.forward(i, w, x)
+                    rep.refine = refine_block(x, target, lambda ww, xb, i=i: run.run(i, ww, xb),
+                                              stored, qw, o.calib_steps, o.lr, o.batch_size,
+                                              o.seed, log=self.log)
+                    del target
                 self.log(f"blk.{i}: refinement over {o.calib_steps} steps, block output error "
                          f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}"
                          + ("" if rep.refine["kept"] else " (not better: scales kept)"))
-            for s in by_block[i]:
-                key = next(k for k, hf in HF_KEYS.items() if s.hf_name.endswith("." + hf))
-                if key in stored:
-                    res, info = stored[key]
-                    writer.add_quantized(s.hf_name, res.tier, res.codes, res.scales,
-                                         cosine=info.get("cosine"), rel_err=info.get("rel_err"),
-                                         fallback_reason=info.get("reason"))
-                else:
-                    t = self.types[s.hf_name][0]
-                    # a copy: the writer's shard buffer must not keep the loaded block alive
-                    writer.add_plain(s.hf_name, qw[key].copy(),
-                                     "F32" if qw[key].ndim < 2 else t.upper(),
-                                     fallback_reason=(f"policy: kept at {t.upper()}"
-                                                      if qw[key].ndim == 2 else None))
-            if x is not None:
-                x = forward_batched(x, qw, self.cfg, o.batch_size)
-            if heldout is not None:
-                heldout.step(i, lambda h, w=w: forward_batched(h, w, self.cfg, o.batch_size),
-                             lambda h, qw=qw: forward_batched(h, qw, self.cfg, o.batch_size))
+            with tm("write"):
+                for s in by_block[i]:
+                    key = next(k for k, hf in HF_KEYS.items() if s.hf_name.endswith("." + hf))
+                    if key in stored:
+                        res, info = stored[key]
+                        codes, scales = res.arrays()
+                        writer.add_quantized(s.hf_name, res.tier, codes, scales,
+                                             cosine=info.get("cosine"), rel_err=info.get("rel_err"),
+                                             fallback_reason=info.get("reason"))
+                    else:
+                        t = self.types[s.hf_name][0]
+                        # a copy: the writer's shard buffer must not keep the loaded block alive
+                        a = qw[key].detach().to("cpu").numpy().copy()
+                        writer.add_plain(s.hf_name, a, "F32" if a.ndim < 2 else t.upper(),
+                                         fallback_reason=(f"policy: kept at {t.upper()}"
+                                                          if a.ndim == 2 else None))
+            with tm("forward"):
+                if x is not None:
+                    x = run.forward(i, qw, x)
+                if heldout is not None:
+                    heldout.step(i, lambda h, w=w, i=i: run.forward(i, w, h),
+                                 lambda h, qw=qw, i=i: run.forward(i, qw, h))
             reports.append(rep)
             del w, qw, stored
         bar.close()
-        for s in head_specs:
-            if s.hf_name == embed_name:
-                continue
-            t = self.types[s.hf_name][0]
-            data = self.loader.read(s.hf_name)
-            if len(s.shape) == 2:
-                self._write_2d(writer, s.hf_name, data, t, "output head")
-            else:
-                writer.add_plain(s.hf_name, data.copy(), "F32")
+        with tm("write"):
+            for s in head_specs:
+                if s.hf_name == embed_name:
+                    continue
+                t = self.types[s.hf_name][0]
+                data = self.loader.read(s.hf_name)
+                if len(s.shape) == 2:
+                    self._write_2d(writer, s.hf_name, torch.from_numpy(data), t, "output head")
+                else:
+                    writer.add_plain(s.hf_name, data.copy(), "F32")
         out = {"blocks": [{"block": r.index, "layers": r.layers, "refine": r.refine}
                           for r in reports]}
         if heldout is not None:
-            out["sensitivity"] = self._block_losses(heldout, writer)
+            with tm("sensitivity"):
+                out["sensitivity"] = self._block_losses(heldout, writer)
         return out
 
-    def _write_2d(self, writer, name, data, t, what) -> np.ndarray:
-        """Writes embedding/head `name` at type t; returns the values as stored (float32)."""
+    def _write_2d(self, writer, name, data: torch.Tensor, t, what) -> torch.Tensor:
+        """Writes embedding/head `name` (a host tensor) at type t; returns the values as stored
+        (float32, on the host)."""
         if t in QUANT_TIERS:
-            codes, scales = (quantize_rtn(data, grid(t)) if grid(t).ternary
-                             else reference_codes(data, t))
+            res = LayerResult(t, *(quantize_rtn(data, grid(t)) if grid(t).ternary
+                                   else reference_codes(data, t)), None, None, None)
             reason = None if grid(t).ternary else f"{what} at {t.upper()} (--embed-type/--policy)"
-            writer.add_quantized(name, t, codes, scales, fallback_reason=reason)
-            from .gptq import dequantize
-
-            return dequantize(codes, scales, grid(t).group)
-        writer.add_plain(name, data, t.upper(), fallback_reason=f"{what} kept at {t.upper()}")
+            writer.add_quantized(name, t, *res.arrays(), fallback_reason=reason)
+            return res.dequantize()
+        writer.add_plain(name, data.numpy(), t.upper(), fallback_reason=f"{what} kept at {t.upper()}")
         if t == "f16":
-            return data.astype(np.float16).astype(np.float32)
+            return data.to(torch.float16).to(torch.float32)
         if t == "bf16":
-            from ..quants import bf16_bits_to_fp32, fp32_to_bf16_bits
-
-            return bf16_bits_to_fp32(fp32_to_bf16_bits(data)).reshape(data.shape)
+            return data.to(torch.bfloat16).to(torch.float32)
         return data
 
     # ----- one block -----
@@ -453,26 +522,27 @@ class Quantizer:
         (policy.promote_to_target). Returns hf name -> (tier, reason or None)."""
         o = self.opts
         chain = PROMOTION[PROMOTION.index(self.policy.ternary):]
-        embed = self.loader.read("model.embed_tokens.weight")
-        x = embed[calib.tokens].astype(np.float32)
+        embed = torch.from_numpy(self.loader.read("model.embed_tokens.weight"))
+        x = embed[torch.from_numpy(calib.tokens.astype(np.int64))]
         del embed
         items = {}
-        bar = tqdm(range(self.hp.n_layer), desc="estimating tiers (--target-bpw)", unit="block",
-                   disable=not o.progress, file=sys.stderr)
+        bar = tqdm(range(self.hp.n_layer), desc=f"estimating tiers (--target-bpw) on {self.device}",
+                   unit="block", disable=not o.progress, file=sys.stderr)
         for i in bar:
-            w = self.loader.load_block(i)
+            w = _to_device(self.loader.load_block(i), self.device)
             todo = {}
             for key in LINEARS:
                 name = f"model.layers.{i}.{HF_KEYS[key]}"
                 t, pin = self.types[name]
                 todo[key] = (name, lossless.get(name) if not pin else t)
             wanted = {INPUT_OF[k] for k, (_, fixed) in todo.items() if not fixed}
-            Hs, x = _stage_hessians(x, w, self.cfg, o.batch_size, wanted)
-            for key, (name, fixed) in todo.items():
-                err, energy = ({}, 1.0) if fixed else plain_fit_errors(w[key], Hs[INPUT_OF[key]],
-                                                                       chain)
-                items[name] = {"params": w[key].size, "pinned": fixed, "err": err,
-                               "weight": energy if o.target_gain == "output" else 1.0}
+            with self.timer("target-bpw pre-pass"):
+                Hs, x = self.blocks.stage_hessians(i, w, x, wanted)
+                for key, (name, fixed) in todo.items():
+                    err, energy = (({}, 1.0) if fixed
+                                   else plain_fit_errors(w[key], Hs[INPUT_OF[key]], chain))
+                    items[name] = {"params": w[key].numel(), "pinned": fixed, "err": err,
+                                   "weight": energy if o.target_gain == "output" else 1.0}
             del w, Hs
         bar.close()
         choice = promote_to_target(o.target_bpw, items, self.policy.ternary)
@@ -497,11 +567,11 @@ class Quantizer:
         res = LayerResult("q8_0", codes, scales, None, None, None)
         q = res.dequantize()
         n_seq = max(1, min(x.shape[0], 1024 // max(x.shape[1], 1)))
-        a = activations_of(x[:n_seq], qw, self.cfg, INPUT_OF[key]).astype(np.float64)
-        y, yq = a @ w[key].T.astype(np.float64), a @ q.T.astype(np.float64)
-        den = float(np.sqrt((y * y).sum() * (yq * yq).sum()))
+        a = self.blocks.activations(i, qw, x[:n_seq], INPUT_OF[key]).double()
+        y, yq = a @ w[key].T.double(), a @ q.T.double()
+        den = float(torch.sqrt((y * y).sum() * (yq * yq).sum()))
         cos = float((y * yq).sum() / den) if den > 0 else 1.0
-        rel = float(np.sqrt(((y - yq) ** 2).sum() / max((y * y).sum(), 1e-300)))
+        rel = float(torch.sqrt(((y - yq) ** 2).sum() / max(float((y * y).sum()), 1e-300)))
         if reason is None and not pinned:
             reason = "default policy: down_proj kept at Q8_0" if key == "down" else None
         elif pinned and reason is None:
@@ -512,26 +582,26 @@ class Quantizer:
         self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} q8_0   rel. output error: reference "
                  f"rounding {rel:.4f}  (cosine {cos:.4f}, {a.shape[0]} tokens)")
 
-    def _cross_of(self, x, x_fp, qw, w, wanted) -> np.ndarray:
+    def _cross_of(self, i, x, x_fp, qw, w, wanted) -> torch.Tensor:
         """C = 2 X_fp^T X_q / tokens: the float model's and the quantized stream's inputs of the
         layers fed by `wanted`, captured by running both block versions on the same sequences."""
         o = self.opts
         acc, n = None, 0
         for b in range(0, x.shape[0], o.batch_size):
-            xq = activations_of(x[b:b + o.batch_size], qw, self.cfg, wanted)
-            xf = activations_of(x_fp[b:b + o.batch_size], w, self.cfg, wanted)
-            c = (xf.T @ xq).astype(np.float64)
-            acc = c if acc is None else acc + c
+            xq = self.blocks.activations(i, qw, x[b:b + o.batch_size], wanted)
+            xf = self.blocks.activations(i, w, x_fp[b:b + o.batch_size], wanted)
+            acc = xf.T @ xq if acc is None else acc.addmm_(xf.T, xq)
             n += xq.shape[0]
-        return 2.0 * acc / max(n, 1)
+        return acc * (2.0 / max(n, 1))
 
-    def _float_target(self, w_key, H, C) -> np.ndarray:
+    def _float_target(self, w_key, H, C) -> torch.Tensor:
         """W_eff = W C (H + damp)^-1: GPTQ on W_eff with H minimizes ||X_fp W^T - X_q Q^T||, the
-        distance to the float model's layer output (not to W on the quantized stream)."""
-        Hd = np.array(H, dtype=np.float64)
-        Hd[np.diag_indices_from(Hd)] += self.opts.damp * float(np.mean(np.diag(Hd))) + 1e-12
-        wc = np.asarray(w_key, np.float64) @ C
-        return np.linalg.solve(Hd, wc.T).T.astype(np.float32)
+        distance to the float model's layer output (not to W on the quantized stream). Solved in
+        float64 (H's condition number, as in gptq.py)."""
+        Hd = H.double().clone()
+        Hd.diagonal().add_(self.opts.damp * float(torch.diagonal(Hd).mean()) + 1e-12)
+        wc = w_key.double() @ C.double()
+        return torch.linalg.solve(Hd, wc.T).T.to(w_key.dtype)
 
     def _quantize_block(self, i, w, x, lossless, x_fp=None):
         o = self.opts
@@ -570,19 +640,23 @@ class Quantizer:
                 if t == "q8_0" and H is None and len(stage) == 1:
                     # Q8_0 is within ~0.5% of the float output with plain rounding: the
                     # reference blocks, no Hessian (4864^2 for a down_proj) and no GPTQ
-                    self._store_q8(i, key, w, qw, stored, rep, x, reasons.get(key), pinned)
+                    with self.timer("gptq"):
+                        self._store_q8(i, key, w, qw, stored, rep, x, reasons.get(key), pinned)
                     continue
                 if H is None:
-                    H = _hessian_of(x, qw, self.cfg, o.batch_size, INPUT_OF[key])
+                    with self.timer("hessian"):
+                        H = self.blocks.hessian(i, qw, x, INPUT_OF[key])
                     if o.equalize:
                         H = self._equalize(i, stage, w, qw, stored, H, tiers, lossless)
                 target = w[key]
                 if x_fp is not None and grid(t).ternary:
-                    if C is None:
-                        C = self._cross_of(x, x_fp, qw, w, INPUT_OF[key])
-                    target = self._float_target(w[key], H, C)
-                res = quantize_layer(target, H, t, o.damp)
-                cos, rel = output_metrics(w[key], res.dequantize(), H)
+                    with self.timer("hessian"):
+                        if C is None:
+                            C = self._cross_of(i, x, x_fp, qw, w, INPUT_OF[key])
+                        target = self._float_target(w[key], H, C)
+                with self.timer("gptq"):
+                    res = quantize_layer(target, H, t, o.damp)
+                    cos, rel = output_metrics(w[key], res.dequantize(), H)
                 reason = reasons.get(key)
                 if t == "q8_0" and reason is None and not pinned:
                     reason = "default policy: down_proj kept at Q8_0"
@@ -592,8 +666,9 @@ class Quantizer:
                     reason = (f"cosine {cos:.4f} < {o.threshold} at {t.upper()}: fell back to "
                               "Q8_0")
                     first = {"tier": t, "cosine": cos, "rel_err": rel}
-                    res = quantize_layer(w[key], H, "q8_0", o.damp)
-                    cos, rel = output_metrics(w[key], res.dequantize(), H)
+                    with self.timer("gptq"):
+                        res = quantize_layer(w[key], H, "q8_0", o.damp)
+                        cos, rel = output_metrics(w[key], res.dequantize(), H)
                     rep.layers.setdefault("fallback", {})[key] = first
                 stored[key] = (res, {"cosine": cos, "rel_err": rel, "reason": reason})
                 qw[key] = res.dequantize()
@@ -607,7 +682,7 @@ class Quantizer:
                 qw[key] = w[key]
         return rep, qw, stored
 
-    def _equalize(self, i, stage, w, qw, stored, H, tiers, lossless) -> np.ndarray:
+    def _equalize(self, i, stage, w, qw, stored, H, tiers, lossless) -> torch.Tensor:
         """Channel scaling of one stage (equalize.py); updates w / qw / stored, returns H'."""
         from .equalize import choose_scales, o_tie_groups, v_row_scales
         from .ternary_fit import to_fp16
@@ -616,55 +691,56 @@ class Quantizer:
         if any(not grid(tiers[k]).ternary if tiers[k] in QUANT_TIERS else True for k in stage) \
                 or any(names[k] in lossless or self.types[names[k]][1] for k in stage):
             return H
-        cfg = self.cfg
+        hp = self.hp
         producer = {"o": "v", "down": "up"}.get(stage[0])
         if producer is not None and (producer not in stored
                                      or not grid(stored[producer][0].tier).ternary):
             return H
-        tie = o_tie_groups(cfg.n_head, cfg.n_head_kv, cfg.head_dim) if stage[0] == "o" else None
+        tie = o_tie_groups(hp.n_head, hp.n_head_kv, hp.head_dim) if stage[0] == "o" else None
         s, alpha, e0, e1 = choose_scales([w[k] for k in stage], H, tiers[stage[0]], tie)
         if alpha == 0.0:
             return H
         for k in stage:
-            w[k] = (w[k] * s).astype(np.float32)
+            w[k] = w[k] * s
         if producer is None:
             norm = "attn_norm" if stage[0] == "q" else "ffn_norm"
-            w[norm] = (w[norm] / s).astype(np.float32)
+            w[norm] = w[norm] / s
             qw[norm] = w[norm]
         else:
-            d = (v_row_scales(s, cfg.n_head, cfg.n_head_kv, cfg.head_dim) if producer == "v"
-                 else s).astype(np.float64)
+            d = (v_row_scales(s, hp.n_head, hp.n_head_kv, hp.head_dim) if producer == "v"
+                 else s).double()
             res = stored[producer][0]
-            res.scales = to_fp16(res.scales / d[:, None])
+            res.scales = to_fp16(res.scales.double() / d[:, None]).to(res.scales.dtype)
             qw[producer] = res.dequantize()
-            w[producer] = (w[producer] / d[:, None]).astype(np.float32)
+            w[producer] = (w[producer] / d[:, None]).to(torch.float32)
             bias = producer + "_bias"
             if bias in w:
-                w[bias] = (w[bias] / d).astype(np.float32)
+                w[bias] = (w[bias] / d).to(torch.float32)
                 qw[bias] = w[bias]
         self.log(f"blk.{i} {'/'.join(stage):>9} channel scaling alpha {alpha:.2f}: plain-fit "
                  f"error {e0:.4f} -> {e1:.4f}")
-        s64 = s.astype(np.float64)
-        return H / np.outer(s64, s64)
+        return H / torch.outer(s, s)
 
     @staticmethod
-    def _plain_values(a: np.ndarray, t: str) -> np.ndarray:
+    def _plain_values(a: torch.Tensor, t: str) -> torch.Tensor:
         if t == "f16":
-            return a.astype(np.float16).astype(np.float32)
+            return a.to(torch.float16).to(torch.float32)
         return a
 
     # ----- held-out loss and the report -----
 
     def _block_losses(self, heldout: HeldOut, writer) -> dict:
-        o = self.opts
-        norm_w = self.loader.read("model.norm.weight")
-        head = self.loader.read("model.embed_tokens.weight" if self.hp.tied else "lm_head.weight")
+        dev = self.device
+        norm_w = torch.from_numpy(self.loader.read("model.norm.weight")).to(dev)
+        head = torch.from_numpy(self.loader.read("model.embed_tokens.weight" if self.hp.tied
+                                                 else "lm_head.weight")).to(dev)
 
         def load_fp(j):
-            w = self.loader.load_block(j)
-            return lambda h: forward_batched(h, w, self.cfg, o.batch_size)
+            w = _to_device(self.loader.load_block(j), dev)
+            return lambda h: self.blocks.forward(j, w, h)
 
-        res = heldout.losses(self.hp.n_layer, load_fp, norm_w, head, self.hp.rms_eps)
+        res = heldout.losses(self.hp.n_layer, load_fp,
+                             lambda h: self.layers.final_norm(norm_w, h), head)
         for r in writer.records:
             if r.tensor.startswith("model.layers.") and len(r.shape) == 2:
                 r.loss_delta = float(res["block_loss_delta"][int(r.tensor.split(".")[2])])
@@ -672,6 +748,15 @@ class Quantizer:
                 "held_out_tokens": int(heldout.tokens.size),
                 "loss_fp": res["loss_fp"], "loss_quantized": res["loss_quantized"],
                 "block_loss_delta": {str(k): v for k, v in res["block_loss_delta"].items()}}
+
+    def _timing(self, t_start: float) -> dict:
+        """{device, seconds per stage, total seconds}; printed as one line."""
+        total = time.perf_counter() - t_start
+        sec = {k: round(v, 3) for k, v in self.timer.seconds.items()}
+        self.log(f"time on {self.device}: " + ", ".join(f"{k} {v:.1f} s" for k, v in sec.items())
+                 + f"; total {total:.1f} s (before the GGUF conversion)")
+        return {"device": str(self.device), "torch": torch.__version__,
+                "seconds": sec, "total_seconds": round(total, 3)}
 
     def _print_table(self, records, summary, report) -> None:
         rows = [r for r in records if r.fallback_reason]

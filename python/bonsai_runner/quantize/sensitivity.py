@@ -12,47 +12,50 @@ quantized output on the held-out float input is stored as branch i ("only block 
 far"); after the last block, one more sweep loads each float block j once and advances the float
 stream and every branch i < j through it; final RMSNorm + output head + cross-entropy then give
 loss_i - loss_float. The held-out sequences are few and short, so all branches fit in memory.
+Torch tensors throughout; the final norm is the model's own module (hf_layers.HfLayers.final_norm).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from .block_forward import rms_norm
 
-
-def output_metrics(w: np.ndarray, q: np.ndarray, H: np.ndarray) -> tuple[float, float]:
+def output_metrics(w: torch.Tensor, q: torch.Tensor, H: torch.Tensor) -> tuple[float, float]:
     """(cosine, rel_err) of the layer outputs W X and Q X (see the file header)."""
-    w64, q64 = w.astype(np.float64), q.astype(np.float64)
-    WH = w64 @ H
-    ww = float((WH * w64).sum())
-    wq = float((WH * q64).sum())
-    qq = float(((q64 @ H) * q64).sum())
-    ee = max(ww - 2 * wq + qq, 0.0)
+    Hf = H.to(w.dtype)
+    q = q.to(w.dtype)
+    WH = w @ Hf
+    ww = float((WH * w).sum(dtype=torch.float64))
+    wq = float((WH * q).sum(dtype=torch.float64))
+    qq = float(((q @ Hf) * q).sum(dtype=torch.float64))
+    e = w - q
+    ee = max(float(((e @ Hf) * e).sum(dtype=torch.float64)), 0.0)
     cos = wq / np.sqrt(ww * qq) if ww > 0 and qq > 0 else (1.0 if ee == 0 else 0.0)
     rel = float(np.sqrt(ee / ww)) if ww > 0 else 0.0
     return float(cos), rel
 
 
-def cross_entropy(hidden: np.ndarray, tokens: np.ndarray, norm_w: np.ndarray, head: np.ndarray,
-                  eps: float) -> float:
-    """Mean next-token cross-entropy (nats) of final hidden states [N, T, d] for tokens [N, T]."""
-    f, _ = rms_norm(hidden[:, :-1].astype(np.float32), norm_w, eps)
-    logits = (f.reshape(-1, f.shape[-1]) @ head.T).astype(np.float64)
-    logits -= logits.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(logits).sum(axis=1))
-    tgt = tokens[:, 1:].reshape(-1)
-    return float(np.mean(lse - logits[np.arange(tgt.size), tgt]))
+def cross_entropy(hidden: torch.Tensor, tokens: np.ndarray, final_norm, head: torch.Tensor
+                  ) -> float:
+    """Mean next-token cross-entropy (nats) of final hidden states [N, T, d] for tokens [N, T];
+    final_norm maps hidden states through the model's final norm."""
+    with torch.no_grad():
+        f = final_norm(hidden[:, :-1].to(head.device))
+        logits = (f.reshape(-1, f.shape[-1]) @ head.T).double()
+        tgt = torch.from_numpy(np.ascontiguousarray(tokens[:, 1:]).reshape(-1)).to(head.device)
+        return float(torch.nn.functional.cross_entropy(logits, tgt))
 
 
 class HeldOut:
     """The held-out float stream, the all-quantized stream and one branch per quantized block."""
 
-    def __init__(self, tokens: np.ndarray, embed: np.ndarray, embed_stored: np.ndarray):
+    def __init__(self, tokens: np.ndarray, embed: torch.Tensor, embed_stored: torch.Tensor):
         self.tokens = tokens
-        self.fp = embed[tokens].astype(np.float32)
-        self.quant = embed_stored[tokens].astype(np.float32)
-        self.branches: dict[int, np.ndarray] = {}
+        idx = torch.from_numpy(tokens.astype(np.int64))
+        self.fp = embed[idx]
+        self.quant = embed_stored[idx]
+        self.branches: dict[int, torch.Tensor] = {}
 
     def step(self, i: int, fp_block, q_block) -> None:
         """Block i: fp_block / q_block map hidden states through the float / quantized block."""
@@ -60,26 +63,26 @@ class HeldOut:
         self.quant = q_block(self.quant)
         self.fp = fp_block(self.fp)
 
-    def losses(self, n_layer: int, load_fp_block, norm_w, head, eps) -> dict:
+    def losses(self, n_layer: int, load_fp_block, final_norm, head) -> dict:
         """Second sweep (see the file header); returns loss_fp, loss_quantized, per-block deltas.
 
         load_fp_block(j) returns a function mapping hidden states through float block j.
         """
-        states: dict[int, np.ndarray] = {}
+        states: dict[int, torch.Tensor] = {}
         for j in range(n_layer):
             if states:
                 fp_block = load_fp_block(j)
                 keys = sorted(states)
                 n = self.fp.shape[0]
-                out = fp_block(np.concatenate([states[i] for i in keys], axis=0))
+                out = fp_block(torch.cat([states[i] for i in keys], dim=0))
                 for k, i in enumerate(keys):
                     states[i] = out[n * k: n * (k + 1)]
                 del fp_block
             if j in self.branches:
                 states[j] = self.branches.pop(j)
-        loss_fp = cross_entropy(self.fp, self.tokens, norm_w, head, eps)
-        deltas = {i: cross_entropy(s, self.tokens, norm_w, head, eps) - loss_fp
+        loss_fp = cross_entropy(self.fp, self.tokens, final_norm, head)
+        deltas = {i: cross_entropy(s, self.tokens, final_norm, head) - loss_fp
                   for i, s in sorted(states.items())}
         return {"loss_fp": loss_fp,
-                "loss_quantized": cross_entropy(self.quant, self.tokens, norm_w, head, eps),
+                "loss_quantized": cross_entropy(self.quant, self.tokens, final_norm, head),
                 "block_loss_delta": deltas}

@@ -17,69 +17,69 @@ against exhaustive search over all 3^n codes with the optimal s for each.
 
 The scale is rounded to float16 (what the file stores) and the codes are then re-chosen for that
 stored scale (|w| > s16 / 2), which can only lower the error for the stored scale.
+
+Torch tensors in and out; the fit computes in the input's dtype on its device (the quantizer
+passes float32; float64 input gives the previous numpy implementation's result exactly,
+tests/numpy_quantizer.py is that oracle).
 """
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
 FP16_MAX = 65504.0
 
 
-def to_fp16(s: np.ndarray) -> np.ndarray:
-    """Scales as float32 values exactly representable in float16 (clipped to its range)."""
-    return np.clip(s, -FP16_MAX, FP16_MAX).astype(np.float16).astype(np.float32)
+def to_fp16(s: torch.Tensor) -> torch.Tensor:
+    """Scales as values exactly representable in float16 (clipped to its range), in s's dtype."""
+    return s.clamp(-FP16_MAX, FP16_MAX).to(torch.float16).to(s.dtype)
 
 
-def fit_ternary_groups(w: np.ndarray, h: np.ndarray | None = None, fp16: bool = True
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def fit_ternary_groups(w: torch.Tensor, h: torch.Tensor | None = None, fp16: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimal (codes, scales) for groups along the last axis.
 
     w: [..., n] float weights (one group per row of the last axis); h: [n] or broadcastable to w,
     non-negative importance (None: all ones). Returns codes int8 [..., n] in {-1, 0, 1} and
-    scales float32 [...] (>= 0, float16-exact when `fp16`).
+    scales [...] in w's dtype (>= 0, float16-exact when `fp16`).
     """
-    w = np.asarray(w, dtype=np.float64)
-    hh = np.ones_like(w) if h is None else np.broadcast_to(np.asarray(h, np.float64), w.shape)
-    hh = np.maximum(hh, 0.0)
-    a = np.abs(w)
-    order = np.argsort(-a, axis=-1, kind="stable")
-    a_s = np.take_along_axis(a, order, axis=-1)
-    h_s = np.take_along_axis(hh, order, axis=-1)
-    num = np.cumsum(h_s * a_s, axis=-1)
-    den = np.cumsum(h_s, axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gain = np.where(den > 0, num * num / den, 0.0)
-        s_k = np.where(den > 0, num / den, 0.0)
-    k = np.argmax(gain, axis=-1)
-    best = np.take_along_axis(gain, k[..., None], axis=-1)[..., 0]
-    s = np.where(best > 0, np.take_along_axis(s_k, k[..., None], axis=-1)[..., 0], 0.0)
+    hh = torch.ones_like(w) if h is None else torch.broadcast_to(h.to(w.dtype), w.shape)
+    hh = hh.clamp_min(0.0)
+    a = w.abs()
+    a_s, order = torch.sort(a, dim=-1, descending=True, stable=True)
+    h_s = torch.gather(hh, -1, order)
+    num = torch.cumsum(h_s * a_s, dim=-1)
+    den = torch.cumsum(h_s, dim=-1)
+    pos = den > 0
+    safe = torch.where(pos, den, torch.ones_like(den))
+    gain = torch.where(pos, num * num / safe, torch.zeros_like(num))
+    s_k = torch.where(pos, num / safe, torch.zeros_like(num))
+    best, k = torch.max(gain, dim=-1, keepdim=True)        # first maximum, as numpy's argmax
+    s = torch.where(best[..., 0] > 0, torch.gather(s_k, -1, k)[..., 0], torch.zeros_like(best[..., 0]))
     if fp16:
-        s = to_fp16(s).astype(np.float64)
-    codes = round_ternary(w, s[..., None])
-    return codes, s.astype(np.float32)
+        s = to_fp16(s)
+    return round_ternary(w, s[..., None]), s
 
 
-def round_ternary(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+def round_ternary(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """Nearest ternary code of w for scale s >= 0 (broadcast): sign(w) where |w| > s/2."""
-    return (np.sign(w) * (np.abs(w) > 0.5 * s) * (s > 0)).astype(np.int8)
+    return (torch.sign(w) * ((w.abs() > 0.5 * s) & (s > 0))).to(torch.int8)
 
 
-def weighted_error(w: np.ndarray, codes: np.ndarray, s: np.ndarray, h=None) -> np.ndarray:
+def weighted_error(w: torch.Tensor, codes: torch.Tensor, s: torch.Tensor, h=None) -> torch.Tensor:
     """sum h (w - s t)^2 over the last axis."""
-    w = np.asarray(w, np.float64)
-    hh = 1.0 if h is None else np.asarray(h, np.float64)
-    return (hh * (w - np.asarray(s, np.float64)[..., None] * codes) ** 2).sum(-1)
+    hh = 1.0 if h is None else h.to(w.dtype)
+    return (hh * (w - s.to(w.dtype)[..., None] * codes.to(w.dtype)) ** 2).sum(-1)
 
 
-def fit_ternary_matrix(w: np.ndarray, group: int, h: np.ndarray | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def fit_ternary_matrix(w: torch.Tensor, group: int, h: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain (no error feedback) exact fit of a [rows, cols] matrix, one scale per `group` columns.
 
     h: [cols] importance (Hessian diagonal). Returns codes int8 [rows, cols], scales [rows, cols/group].
     """
     rows, cols = w.shape
     g = w.reshape(rows, cols // group, group)
-    hg = None if h is None else np.asarray(h).reshape(1, cols // group, group)
+    hg = None if h is None else h.reshape(1, cols // group, group)
     codes, s = fit_ternary_groups(g, hg)
     return codes.reshape(rows, cols), s

@@ -1,0 +1,168 @@
+"""The quantizer's torch substrate and transformers' layers (issue #16).
+
+Oracles: the previous numpy float64 quantizer (tests/numpy_quantizer.py) for the exact ternary
+fit, the GPTQ sweep and the scale refit; transformers' own whole-model forward for the one-layer
+machinery (hf_layers.py) on a tiny random Qwen3.5 (hybrid Gated DeltaNet + gated attention).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from model_factory import make_hf_model, write_calibration
+from numpy_quantizer import fit_ternary_groups as np_fit
+from numpy_quantizer import quantize_layer as np_quantize_layer
+
+from bonsai_runner.errors import BonsaiError
+from bonsai_runner.quantize.gptq import quantize_layer
+from bonsai_runner.quantize.hf_layers import HfLayers, linear_inputs, resolve_device
+from bonsai_runner.quantize.ternary_fit import fit_ternary_groups
+
+TIERS = ("ptq1_0", "q2_0", "q4_0", "q8_0")
+
+
+def _layer_problem(seed=0, rows=96, cols=256, n=1024):
+    """A layer with uneven input channels (as real activations have) and its Hessian."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, cols)) * np.exp(rng.standard_normal(cols))
+    return rng.standard_normal((rows, cols)).astype(np.float32), 2 * X.T @ X / n
+
+
+def test_fit_matches_the_numpy_oracle_in_float64_and_float32():
+    rng = np.random.default_rng(4)
+    w, h = rng.standard_normal((40, 3, 128)), rng.exponential(size=128)
+    want_c, want_s = np_fit(w, h)
+    c, s = fit_ternary_groups(torch.from_numpy(w), torch.from_numpy(h))
+    np.testing.assert_array_equal(c.numpy(), want_c)
+    np.testing.assert_array_equal(s.numpy().astype(np.float32), want_s)
+    c32, s32 = fit_ternary_groups(torch.from_numpy(w).float(), torch.from_numpy(h).float())
+    assert (c32.numpy() == want_c).mean() > 0.999
+    np.testing.assert_allclose(s32.numpy(), want_s, rtol=1e-3)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_gptq_and_refit_match_the_numpy_oracle(tier):
+    w, H = _layer_problem()
+    want = np_quantize_layer(w, H, tier)
+    # float64: the same algorithm, the same codes (scales to one float16 step of a refit tie)
+    got = quantize_layer(torch.from_numpy(w).double(), torch.from_numpy(H), tier)
+    np.testing.assert_array_equal(got.codes.numpy(), want.codes)
+    np.testing.assert_allclose(got.scales.numpy(), want.scales, rtol=2e-3, atol=0)
+    assert got.err == pytest.approx(want.err, rel=1e-6)
+    # float32, the quantizer's default: the same layer-output errors to float32 rounding
+    f32 = quantize_layer(torch.from_numpy(w), torch.from_numpy(H).float(), tier)
+    for name in ("err_plain", "err_gptq", "err"):
+        assert getattr(f32, name) == pytest.approx(getattr(want, name), rel=2e-3), name
+    assert (f32.codes.numpy() == want.codes).mean() > 0.99
+
+
+def test_device_choice():
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(BonsaiError, match="one of auto, cpu, cuda"):
+        resolve_device("gpu")
+    if torch.cuda.is_available():
+        assert resolve_device("auto").type == "cuda"
+        with pytest.raises(BonsaiError, match="CUDA device"):
+            resolve_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(BonsaiError, match="no CUDA GPU"):
+            resolve_device("cuda")
+
+
+# ----- Qwen3.5 (hybrid) through transformers' own layer code -----
+
+QWEN35 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, vocab_size=300, linear_num_key_heads=2,
+              linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_conv_kernel_dim=4, full_attention_interval=4)
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("qwen3_5_text", **QWEN35)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    d = tmp_path_factory.mktemp("qwen35") / "m"
+    model.save_pretrained(d)
+    return d, model
+
+
+def test_qwen35_layers_run_as_transformers_runs_them(qwen35):
+    d, model = qwen35
+    config = json.loads((d / "config.json").read_text())
+    hl = HfLayers(config, torch.device("cpu"))
+    sd = model.state_dict()
+    ids = torch.randint(0, QWEN35["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        states = model(ids, output_hidden_states=True).hidden_states
+    kinds = []
+    for i in range(QWEN35["num_hidden_layers"]):
+        params = {n: sd[f"model.layers.{i}.{n}"] for n in hl.param_names(i)}
+        with torch.no_grad():
+            got = hl.forward(i, params, states[i])
+        want = states[i + 1] if i + 1 < QWEN35["num_hidden_layers"] else None
+        if want is not None:               # the last hidden state is after the final norm
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        kinds.append(linear_inputs(hl, i, params, states[i]))
+    gdn = ["linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
+           "linear_attn.in_proj_a"]
+    mlp = [["mlp.gate_proj", "mlp.up_proj"], ["mlp.down_proj"]]
+    assert kinds[0] == [gdn, ["linear_attn.out_proj"]] + mlp
+    assert kinds[3] == [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+                        ["self_attn.o_proj"]] + mlp
+
+
+def test_qwen35_gdn_projection_is_calibrated_by_gptq(qwen35):
+    """The GDN in_proj_qkv is a linear weight like any other: its Hessian from the captured
+    inputs of transformers' layer, then GPTQ lowers its output error below the plain fit."""
+    d, model = qwen35
+    hl = HfLayers(json.loads((d / "config.json").read_text()), torch.device("cpu"))
+    sd = model.state_dict()
+    params = {n: sd[f"model.layers.0.{n}"] for n in hl.param_names(0)}
+    x = torch.randn(4, 32, QWEN35["hidden_size"], generator=torch.Generator().manual_seed(2))
+    got = []
+    with torch.no_grad():
+        hl.forward(0, params, x, lambda n, a: got.append(a) if n.endswith("in_proj_qkv") else None,
+                   "linear_attn.in_proj_qkv")
+    a = got[0]
+    res = quantize_layer(params["linear_attn.in_proj_qkv.weight"], 2 * a.T @ a / a.shape[0],
+                         "q2_0")
+    assert res.err_gptq < res.err_plain and res.err <= res.err_gptq
+
+
+def test_qwen35_is_refused_before_any_work(qwen35, tmp_path):
+    d, _ = qwen35
+    out = tmp_path / "o"
+    r = run_cli("quantize", "--model-dir", d, "--output-dir", out,
+                "--calib-file", write_calibration(tmp_path / "c.jsonl"), "--no-progress")
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert "qwen3_5_text" in err[-1] and "engine cannot run it" in err[-1], r.stderr
+    assert not any(ln.startswith("calibration:") for ln in err)      # nothing tokenized
+    assert not out.exists()
+
+
+def test_report_has_the_device_and_time_per_stage(tmp_path):
+    from bonsai_runner.convert.ptq1_dir import Ptq1Dir
+    from bonsai_runner.quantize import QuantizeOptions, quantize_model
+
+    m = make_hf_model(tmp_path / "m", arch="qwen2", tokenizer="bpe", seed=3, hidden=128,
+                      ffn=256, n_layer=1, n_head=4, n_head_kv=2)
+    logs = []
+    res = quantize_model(QuantizeOptions(
+        model_dir=str(m["dir"]), output_dir=str(tmp_path / "o"),
+        calib_file=str(write_calibration(tmp_path / "c.jsonl")), seq_len=32, max_samples=4,
+        batch_size=2, calib_steps=1, progress=False, device="cpu"), log=logs.append)
+    timing = Ptq1Dir(tmp_path / "o").quant_config["calibration"]["compute"]
+    assert timing == res["report"]["timing"] and timing["device"] == "cpu"
+    assert {"load", "hessian", "gptq", "refine", "forward", "write"} <= set(timing["seconds"])
+    assert timing["total_seconds"] >= sum(timing["seconds"].values()) - 1e-3
+    assert any(ln.startswith("time on cpu:") for ln in logs)
