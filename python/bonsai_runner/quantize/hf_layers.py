@@ -102,7 +102,10 @@ class HfLayers:
         self.layers = base.layers
         self.norm = base.norm
         rot = getattr(base, "rotary_emb", None)
-        self.rotary = None if rot is None else type(rot)(config=cfg, device=device)
+        self.rotary = None
+        if rot is not None:  # built on the device (not every version's rotary module takes device=)
+            with torch.device(device):
+                self.rotary = type(rot)(config=cfg).to(device)
         self._pos: dict[int, tuple] = {}
 
     @property
