@@ -16,6 +16,7 @@ status 0 when there were >= --min-cases cases and no failure, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -44,16 +45,22 @@ def write_model(path: str) -> None:
 
 
 def start_server(model: str, port: int, log) -> subprocess.Popen:
-    # the source tree is a fallback: an installed bonsai_runner (CI's virtual environment) wins
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
-                                                                    os.path.join(ROOT, "python")])))
+    # The source tree only when no bonsai_runner is importable otherwise: PYTHONPATH entries come
+    # before site-packages, so adding it would hide an installed package (CI's virtual environment)
+    # behind a checkout without its native module.
+    env = dict(os.environ)
+    if importlib.util.find_spec("bonsai_runner") is None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), os.path.join(ROOT, "python")]))
     proc = subprocess.Popen([sys.executable, "-m", "bonsai_runner.server", "--model", model, "--host", "127.0.0.1",
                              "--port", str(port), "--parallel", "4", "--ctx-size", "256", "--threads", "1",
                              "--queue-limit", "64"], stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 60
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"fuzz: the server exited with status {proc.returncode} at start")
+            log.flush()
+            with open(log.name, "rb") as f:
+                tail = f.read()[-2000:].decode("utf-8", "replace")
+            raise SystemExit(f"fuzz: the server exited with status {proc.returncode} at start:\n{tail}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                 return proc
