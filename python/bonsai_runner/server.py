@@ -138,7 +138,12 @@ class ServingEngine:
             raise bad_request(f"the {param} is {len(text)} bytes, more than a slot of {self.scheduler.n_ctx_slot} "
                               "tokens (prompt + completion) can hold; shorten it or start the server with a larger "
                               "--ctx-size", param, "context_length_exceeded")
-        return list(self._vocab.tokenize(text, add_special=add_special, parse_special=True))
+        tokens = self._vocab.tokenize(text, add_special=add_special, parse_special=True)
+        if len(tokens) >= self.scheduler.n_ctx_slot:  # refused here, before any per-token Python work
+            raise bad_request(f"the {param} has {len(tokens)} tokens but a slot holds {self.scheduler.n_ctx_slot} "
+                              "(prompt + completion); shorten it or start the server with a larger --ctx-size",
+                              param, "context_length_exceeded")
+        return list(tokens)
 
     def submit(self, tokens: list[int], args: dict, on_event) -> GenerationRequest:
         try:
