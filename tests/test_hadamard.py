@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from engine_fixtures import Cfg, write_model
+from test_engine import ctx_for, rel_err
 
 _core = pytest.importorskip("bonsai_runner._core")
 BonsaiError = _core.BonsaiError
@@ -93,6 +94,20 @@ def test_matmul_rotated_fused_equals_rotate_then_matmul(tname, n_tokens):
 
 
 # ---------------------------------------------------------------- rotated files, built with numpy
+def _copy_fields(r, w, drop_prefix=None):
+    """Copies every metadata field of reader `r` to writer `w` but the architecture (the writer's
+    own) and, with `drop_prefix`, the keys starting with it."""
+    for name, val, vt, et in _fields(r):
+        if name == "general.architecture" or (drop_prefix and name.startswith(drop_prefix)):
+            continue
+        if vt.name == "ARRAY":
+            w.add_array(name, val)
+        elif vt.name == "STRING":
+            w.add_string(name, val)
+        else:
+            w.add_key_value(name, val, vt)
+
+
 def _fields(reader):
     """(name, value, type) of every metadata field except the GGUF header ones."""
     out = []
@@ -133,15 +148,7 @@ def write_rotated(src, dst, block=64, names=None, inverse=True, sign_mode="expli
     rng = np.random.default_rng(seed)
     signs = {w: np.where(rng.integers(0, 2, w) == 1, 1.0, -1.0) for w in widths}
     w = gguf.GGUFWriter(str(dst), arch)
-    for name, val, vt, et in _fields(r):
-        if name == "general.architecture":
-            continue
-        if vt.name == "ARRAY":
-            w.add_array(name, val)
-        elif vt.name == "STRING":
-            w.add_string(name, val)
-        else:
-            w.add_key_value(name, val, vt)
+    _copy_fields(r, w)
     V = gguf.GGUFValueType
     kv = {
         "prism.hadamard.version": (1, V.UINT32),
@@ -180,18 +187,6 @@ def write_rotated(src, dst, block=64, names=None, inverse=True, sign_mode="expli
     return dst
 
 
-def ctx_for(model, **kw):
-    kw.setdefault("n_ctx", 128)
-    kw.setdefault("n_batch", 64)
-    kw.setdefault("n_threads", 2)
-    kw.setdefault("act_mode", "float")
-    return _core.Context(model, **kw)
-
-
-def rel_err(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 def _source(tmp_path, arch, wtype="F32", tied=False):
     c = Cfg(arch=arch, wtype=wtype, emb_type=wtype, tied=tied)
     if arch == "qwen3":
@@ -226,15 +221,7 @@ def _strip_keys(src, dst):
     r = gguf.GGUFReader(str(src))
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     w = gguf.GGUFWriter(str(dst), arch)
-    for name, val, vt, et in _fields(r):
-        if name == "general.architecture" or name.startswith("prism.hadamard."):
-            continue
-        if vt.name == "ARRAY":
-            w.add_array(name, val)
-        elif vt.name == "STRING":
-            w.add_string(name, val)
-        else:
-            w.add_key_value(name, val, vt)
+    _copy_fields(r, w, drop_prefix="prism.hadamard.")
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data))
     w.write_header_to_file()
