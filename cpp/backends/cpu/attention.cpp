@@ -182,6 +182,15 @@ struct CellRange {
     bool visible(int64_t c) const { return (cell_seq[c] & mask) && cell_pos[c] <= pos; }
 };
 
+// Sums the first count of the 16 partial-product vectors and scatters them (times scale) to
+// scores[where[k]]. A function of its own, not a lambda: GCC does not give a lambda the target
+// attribute of the function it is written in, so on a host without AVX-512 it would not compile.
+BONSAI_AVX512 inline void flush_scores(__m512* part, const int32_t* where, int count, __m512 sv, float* scores) {
+    for (int k = count; k < 16; ++k) part[k] = _mm512_setzero_ps();
+    const __mmask16 m = count == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+    _mm512_mask_i32scatter_ps(scores, m, _mm512_load_si512(where), _mm512_mul_ps(reduce16(part), sv), 4);
+}
+
 // Pass 1 over [c0, c1): scores[r * block + j] = q_r . K[j-th visible cell] * scale for the n_rep
 // heads of the group. Each (cell, head) pair leaves a 16-lane vector of partial products; every 16
 // pairs are summed at once by reduce16 and scattered to their places. The V rows of the block are
@@ -197,11 +206,6 @@ BONSAI_AVX512 void scores_block(const CellRange& cr, int64_t c0, int64_t c1, con
     __m512 part[16];
     alignas(64) int32_t where[16];
     int q = 0;
-    auto flush = [&](int count) {
-        for (int k = count; k < 16; ++k) part[k] = _mm512_setzero_ps();
-        const __mmask16 m = count == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
-        _mm512_mask_i32scatter_ps(scores, m, _mm512_load_si512(where), _mm512_mul_ps(reduce16(part), sv), 4);
-    };
     int64_t j = 0;
     for (int64_t c = c0; c < c1; ++c) {
         if (c + kPrefetchCells < c1) {
@@ -228,13 +232,13 @@ BONSAI_AVX512 void scores_block(const CellRange& cr, int64_t c0, int64_t c1, con
             part[q] = s;
             where[q] = static_cast<int32_t>(r * block + j);
             if (++q == 16) {
-                flush(16);
+                flush_scores(part, where, 16, sv, scores);
                 q = 0;
             }
         }
         ++j;
     }
-    if (q > 0) flush(q);
+    if (q > 0) flush_scores(part, where, q, sv, scores);
 }
 
 // ar[h * hd + (0..16)] += sum over the visible cells of [c0, c1) of pr[h * block + j] * V[cell][16 i ..]
