@@ -69,8 +69,12 @@ def convert(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
     tmp = out.with_name(f".{out.name}.unrotated-f32.gguf")
     try:
         convert_hf(src, tmp, "f32", pre_tokenizer=pre_tokenizer, **{**kw, "force": True})
-        # token_embd / output take F16 as convert_hf gives them (F32 only when asked for)
-        return convert_gguf(tmp, out, "f16" if outtype == "auto" else outtype, **kw, **rot,
+        # token_embd / output take F16 as convert_hf gives them (F32 only when asked for); a float
+        # out type rounds the unfolded float32 tensors (qwen35's ssm_alpha/beta) as a direct
+        # conversion does, so only quantized out types need --allow-lossy
+        final = "f16" if outtype == "auto" else outtype
+        kw_final = {**kw, "allow_lossy": allow_lossy or final in ("f32", "f16", "bf16")}
+        return convert_gguf(tmp, out, final, **kw_final, **rot,
                             embd_type="f32" if outtype == "f32" else "f16")
     finally:
         tmp.unlink(missing_ok=True)

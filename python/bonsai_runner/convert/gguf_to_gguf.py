@@ -5,7 +5,8 @@ with gguf.GGUFReader, which also gives every metadata value's exact GGUF type; f
 (42), PQ2_0 (142) or PTQ1_0 (143) go through bonsai_runner.gguf_reader (id 42 resolved by size).
 Dequantization: gguf.quants for the standard ids, bonsai_runner.quants for the ternary ones.
 
-Output types of the tensors (a 1-D tensor is always F32):
+Output types of the tensors (a 1-D tensor is always F32, and so are convolution taps,
+qwen35's ssm_conv1d, as llama.cpp's converter keeps them):
     auto                    every tensor keeps its type (metadata-only rewrite); types this
                             project cannot write (Q4_K, Q6_K, ...) need an explicit out type
     f32 / f16 / bf16 / q8_0 every 2-D tensor
@@ -41,6 +42,7 @@ from .tensor_codec import decode
 _SKIP_KEYS = ("general.architecture", "general.alignment", "general.file_type",
               "general.quantization_version")
 _EMBD_OUT = ("token_embd.weight", "output.weight")
+_ALWAYS_F32 = (".ssm_conv1d.weight",)
 
 
 def _stderr(msg: str) -> None:
@@ -129,7 +131,7 @@ def _dequantizer(tname: str, data: np.ndarray, shape, name: str) -> Callable[[],
 def _out_type(name: str, src_type: str, shape, outtype: str, file_ternary: bool) -> str:
     if outtype == "auto":
         return src_type
-    if len(shape) < 2:
+    if len(shape) < 2 or name.endswith(_ALWAYS_F32):
         return "f32"
     if outtype in ("f32", "f16", "bf16", "q8_0"):
         return outtype
@@ -173,7 +175,8 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
         if ot != t.type_name and not fits_block(ot, t.shape[-1]):
             fell_back.append(name)
             ot = t.type_name
-        role = "linear" if len(t.shape) == 2 and name not in _EMBD_OUT else ""
+        role = ("linear" if len(t.shape) == 2 and name not in _EMBD_OUT
+                and not name.endswith(_ALWAYS_F32) else "")
         exact = not allow_lossy and needs_verification(t.type_name, ot)
         items.append(PlannedTensor(name, t.shape, ot, (lambda t=t: t), exact, role))
     rotation_meta = []

@@ -1,11 +1,14 @@
 """Folding the prism.hadamard rotation (SPEC §4a) into a conversion plan (`--hadamard B`).
 
-Every eligible linear weight (blk.N.attn_q/k/v/output, ffn_gate/up/down, the output head) gets
+Every eligible linear weight (blk.N.attn_q/k/v/output, ffn_gate/up/down, the output head, and
+qwen35's attn_qkv, attn_gate and ssm_out) gets
 rows WHT_B(s ⊙ w) blockwise along its input dimension, with one seeded ±1 sign vector per
 distinct input width (`--hadamard-seed`); token_embd gets the same transform of its rows and is
 listed as inverse-folded (the engine computes e = s ⊙ WHT_B(z) after the lookup). A tied head
 becomes an explicit folded output.weight (the rotated token_embd rows, which is what a folded
-head stores). The prism.hadamard.* keys are written from the same names and signs, so the file's
+head stores). qwen35's ssm_out is folded along its input as the file stores it (V heads in tiled
+order), so no `gdn_v_grouped` key is written: the engine rotates the GDN output in that same
+order. ssm_alpha / ssm_beta stay unrotated (the fork does not fold them). The prism.hadamard.* keys are written from the same names and signs, so the file's
 weights and its metadata cannot disagree. Folding changes every folded value by the output
 type's rounding: float output types take it as it is, quantized ones (re-quantizing the rotated
 values) need --allow-lossy.
@@ -21,7 +24,8 @@ from ..errors import BonsaiError
 from ..hadamard import PREFIX, is_power_of_two, metadata_keys, rotate, seeded_signs
 from .arch.base import MetaKV
 
-_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_gate|attn_output|ffn_gate|ffn_up|"
+                     r"ffn_down|ssm_out)\.weight$")
 _FLOAT = ("f32", "f16", "bf16")
 
 

@@ -25,8 +25,8 @@ import numpy as np
 from ..errors import BonsaiError
 from ..ggml_types import type_info
 from .arch import family_for
-from .arch.base import (ROLE_BIAS, ROLE_LINEAR, ROLE_NORM, ROLE_OUTPUT, ROLE_ROPE_FREQS,
-                        ROLE_TOKEN_EMBD, STR, U32, MetaKV, TensorSpec, permute_rope_rows)
+from .arch.base import (F32_ROLES, ROLE_LINEAR, ROLE_OUTPUT, ROLE_ROPE_FREQS, ROLE_TOKEN_EMBD,
+                        STR, U32, MetaKV, TensorSpec, permute_rope_rows)
 from .bonsai_meta import bonsai_metadata, fallback_entry
 from .gguf_out import add_metadata, check_outfile, open_writer
 from .hf_reader import HfCheckpoint, read_json
@@ -102,8 +102,9 @@ def convert_hf(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
     family = family_for(config, where=str(cfg_path))
     source = Ptq1Dir(src) if config.get("quantization_config") is not None else HfSource(src)
     specs = family.validate_tensors(source.shapes, str(src))
-    n_rows = source.shapes["model.embed_tokens.weight"][0]
-    tok = read_tokenizer(src, config, n_rows, pre_tokenizer)
+    _note_skipped(log, family, source.shapes)
+    n_rows = next(s.shape[0] for s in specs if s.role == ROLE_TOKEN_EMBD)
+    tok = read_tokenizer(src, family.config, n_rows, pre_tokenizer)
     if tok.n_padded:
         log(f"tokenizer: {len(tok.tokens) - tok.n_padded} tokens, padded with {tok.n_padded} "
             f"[PAD] tokens to the embedding's {n_rows} rows")
@@ -138,20 +139,43 @@ def convert_hf(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
     return out
 
 
+def _note_skipped(log, family, shapes: dict) -> None:
+    """One note naming the checkpoint parts the family leaves out (qwen35: vision, MTP)."""
+    parts: dict[str, int] = {}
+    for n in shapes:
+        part = family.skipped_part(n)
+        if part is not None:
+            parts[part] = parts.get(part, 0) + 1
+    if parts:
+        what = "; ".join(f"{p}: {k} tensor(s)" for p, k in parts.items())
+        log(f"note: skipped what the {family.gguf_arch} text model does not use: {what}")
+
+
 # ----- planning -----
 
 def _spec_loader(source, spec: TensorSpec):
     def load():
         x = source.read_float32(spec.hf_name)
-        return permute_rope_rows(x, spec.rope_heads) if spec.rope_heads else x
+        if spec.rope_heads:
+            x = permute_rope_rows(x, spec.rope_heads)
+        if spec.transform is not None:
+            x = np.ascontiguousarray(spec.transform(x), dtype=np.float32)
+        return x
     return load
 
 
 def _packed_loader(source: Ptq1Dir, spec: TensorSpec):
+    if spec.transform is not None and not spec.rows_only:
+        raise BonsaiError(f"{spec.hf_name}: a packed tensor cannot take the {spec.gguf_name} "
+                          "re-layout (it is not a row permutation); quantize the model from its "
+                          "float checkpoint, or convert the float checkpoint")
+
     def load():
         p = source.packed(spec.hf_name)
         if spec.rope_heads:
             p = p.permute_rows(lambda a: permute_rope_rows(a, spec.rope_heads))
+        if spec.transform is not None:
+            p = p.permute_rows(spec.transform)
         return p
     return load
 
@@ -177,7 +201,7 @@ def _scan_ternary(source: HfSource, specs, progress: bool) -> dict[str, tuple[in
         if not looks_ternary(source.sample_float32(s.hf_name)):
             groups[s.hf_name] = ()
             continue
-        groups[s.hf_name] = ternary_groups(source.read_float32(s.hf_name))
+        groups[s.hf_name] = ternary_groups(_spec_loader(source, s)())
     return groups
 
 
@@ -199,7 +223,7 @@ def _plan_hf(source: HfSource, family, specs, outtype: str, allow_lossy: bool, p
     for spec in specs:
         load = _spec_loader(source, spec)
         exact = False
-        if spec.role in (ROLE_NORM, ROLE_BIAS) or len(spec.shape) == 1:
+        if spec.role in F32_ROLES or len(spec.shape) == 1:
             t = "f32"
         elif spec.role in (ROLE_TOKEN_EMBD, ROLE_OUTPUT):
             if outtype == "auto":
@@ -229,7 +253,8 @@ def _plan_hf(source: HfSource, family, specs, outtype: str, allow_lossy: bool, p
             plan.fell_back_block.append(f"{spec.gguf_name} ({t} block does not divide "
                                         f"{spec.shape[-1]})")
             t, exact = "f16", False
-        plan.items.append(PlannedTensor(spec.gguf_name, spec.shape, t, load, exact, spec.role))
+        plan.items.append(PlannedTensor(spec.gguf_name, spec.gguf_shape, t, load, exact,
+                                        spec.role))
     if lossy:
         raise BonsaiError(
             f"--outtype {outtype} stores ternary weights, but {len(lossy)} linear tensor(s) are "
@@ -257,7 +282,7 @@ def _plan_ptq1(source: Ptq1Dir, family, specs, outtype: str, allow_lossy: bool) 
         else:
             load = _spec_loader(source, spec)
             stored = _PLAIN_TYPES.get(source.ckpt.dtype(spec.hf_name), "f32")
-            if spec.role in (ROLE_NORM, ROLE_BIAS) or len(spec.shape) == 1:
+            if spec.role in F32_ROLES or len(spec.shape) == 1:
                 t = "f32"
             elif outtype == "auto" or outtype in TERNARY_OUTTYPES:
                 t = stored
@@ -268,7 +293,8 @@ def _plan_ptq1(source: Ptq1Dir, family, specs, outtype: str, allow_lossy: bool) 
                                         f"{spec.shape[-1]})")
             t = "f16"
         exact = not allow_lossy and needs_verification(stored, t)
-        plan.items.append(PlannedTensor(spec.gguf_name, spec.shape, t, load, exact, spec.role))
+        plan.items.append(PlannedTensor(spec.gguf_name, spec.gguf_shape, t, load, exact,
+                                        spec.role))
         rec = source.records.get(spec.hf_name)
         if rec is not None:
             metrics = {k: getattr(rec, k) for k in ("cosine", "rel_err", "loss_delta")

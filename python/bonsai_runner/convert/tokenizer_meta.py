@@ -37,9 +37,13 @@ LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5: Qwen2's regex with combining marks (\p{M}) kept inside words; llama.cpp's "qwen35".
+QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
+                r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Split regex of tokenizer.json -> tokenizer.ggml.pre (llama.cpp's names, which the engine's vocab
 # implements; "default" is llama.cpp's fallback splitter, not the GPT-2 regex, so GPT-2 is "gpt-2").
-PRE_TOKENIZER_REGEXES = {QWEN2_REGEX: "qwen2", LLAMA3_REGEX: "llama-bpe", GPT2_REGEX: "gpt-2"}
+PRE_TOKENIZER_REGEXES = {QWEN2_REGEX: "qwen2", QWEN35_REGEX: "qwen35", LLAMA3_REGEX: "llama-bpe",
+                         GPT2_REGEX: "gpt-2"}
 SPECIAL_TYPES = ("bos", "eos", "unk", "pad")
 _GGUF_SPECIAL_KEY = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
                      "pad": "padding_token_id"}

@@ -1,6 +1,6 @@
 """Model families the converters know, registered by Hugging Face architecture name.
 
-One module per family (llama.py, qwen2.py, qwen3.py); each decorates its class with
+One module per family (llama.py, qwen2.py, qwen3.py, qwen35.py); each decorates its class with
 `@register("XxxForCausalLM", ...)`. `family_for(config)` picks the class named by config.json's
 "architectures" and instantiates it (which validates the hyperparameters).
 """
@@ -45,4 +45,4 @@ def family_for_gguf_arch(arch: str):
     return None
 
 
-from . import llama, qwen2, qwen3  # noqa: E402,F401  (registers the families)
+from . import llama, qwen2, qwen3, qwen35  # noqa: E402,F401  (registers the families)

@@ -20,7 +20,7 @@ j * d/2 + i lands at 2i + j; `permute_rope_rows` does exactly that. qwen2/qwen3 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,6 +34,9 @@ ROLE_LINEAR = "linear"
 ROLE_NORM = "norm"
 ROLE_BIAS = "bias"
 ROLE_ROPE_FREQS = "rope_freqs"
+ROLE_CONV = "conv"        # convolution taps (qwen35 ssm_conv1d): F32 like the 1-D tensors
+ROLE_PARAM = "param"      # other small per-head parameters (qwen35 ssm_a, ssm_dt.bias): F32
+F32_ROLES = (ROLE_NORM, ROLE_BIAS, ROLE_CONV, ROLE_PARAM)
 
 # GGUF value type names passed with metadata (gguf_writer.ValueType member names).
 U32, I32, F32, BOOL, STR = "UINT32", "INT32", "FLOAT32", "BOOL", "STRING"
@@ -46,6 +49,14 @@ class TensorSpec:
     shape: tuple[int, ...]    # numpy order, as stored by Hugging Face ([out, in] for linears)
     role: str
     rope_heads: int = 0       # >0: permute rows for llama's pairwise rope with this many heads
+    # float32 HF value -> the value stored in GGUF (qwen35: V-head reorder, 1 + w, -exp(A_log))
+    transform: Callable[[np.ndarray], np.ndarray] | None = field(default=None, compare=False)
+    rows_only: bool = False   # `transform` only permutes rows (so it applies to packed tensors too)
+    out_shape: tuple[int, ...] | None = None   # stored shape when `transform` changes it
+
+    @property
+    def gguf_shape(self) -> tuple[int, ...]:
+        return self.out_shape or self.shape
 
 
 @dataclass
@@ -277,6 +288,12 @@ class DecoderFamily:
             return True
         return self.hp.tied and name == "lm_head.weight"
 
+    def skipped_part(self, name: str) -> str | None:
+        """The part of a multi-part checkpoint a checkpoint tensor belongs to when the converter
+        deliberately leaves it out (qwen35: the vision encoder, the MTP head), else None. The
+        converter names the skipped parts in one note."""
+        return None
+
     def extra_tensors(self) -> list[tuple[str, np.ndarray]]:
         """Tensors computed from hyperparameters (llama3 rope factors), as (gguf name, float32)."""
         return []
@@ -286,7 +303,8 @@ class DecoderFamily:
         specs = self.tensor_specs()
         expected = {s.hf_name: s for s in specs}
         missing = [s.hf_name for s in specs if s.hf_name not in shapes]
-        extra = [n for n in shapes if n not in expected and not self.ignored_tensor(n)]
+        extra = [n for n in shapes if n not in expected and not self.ignored_tensor(n)
+                 and self.skipped_part(n) is None]
         shaped = [f"{s.hf_name}: {list(shapes[s.hf_name])} (expected {list(s.shape)})"
                   for s in specs if s.hf_name in shapes and tuple(shapes[s.hf_name]) != s.shape]
         if missing or extra or shaped:
