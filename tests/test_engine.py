@@ -289,7 +289,7 @@ def test_model_load_errors(tmp_path, model_dir):
     with pytest.raises(BonsaiError):
         _core.Model(str(tmp_path / "missing.gguf"))
     bad = Cfg(arch="gpt2")
-    with pytest.raises(BonsaiError, match="llama, qwen2 and qwen3"):
+    with pytest.raises(BonsaiError, match="llama, qwen2, qwen3 and qwen35"):
         write_model(tmp_path / "gpt2.gguf", bad)
         _core.Model(str(tmp_path / "gpt2.gguf"))
 
@@ -454,7 +454,7 @@ def test_bonsai_run_bad_input(model_dir, extra, msg):
 
 def test_bonsai_run_bad_model(tmp_path):
     write_model(tmp_path / "gpt2.gguf", Cfg(arch="gpt2"))
-    for path, msg in [(tmp_path / "gpt2.gguf", "llama, qwen2 and qwen3"), (tmp_path / "nope.gguf", "nope.gguf")]:
+    for path, msg in [(tmp_path / "gpt2.gguf", "llama, qwen2, qwen3 and qwen35"), (tmp_path / "nope.gguf", "nope.gguf")]:
         p = _run("-m", path, "-p", "hi")
         assert p.returncode == 1
         err = [ln for ln in p.stderr.splitlines() if "error" in ln]

@@ -43,6 +43,7 @@ int resolve_threads(int n) {
 
 struct ComputeLayout {
     size_t x, cur, q, k, v, attn, gate, up, rope, scratch, per_thread, total;
+    size_t qg, qgate, qkv, z, alpha, beta, o;  // qwen35 only (empty otherwise)
 };
 
 ComputeLayout compute_layout(const Hparams& hp, int64_t nb, int64_t n_cells, int n_threads, bool all_gpu) {
@@ -52,6 +53,7 @@ ComputeLayout compute_layout(const Hparams& hp, int64_t nb, int64_t n_cells, int
         l.rope = nb * hp.n_embd;
         l.total = l.rope + nb * hp.n_rot;
         l.cur = l.q = l.k = l.v = l.attn = l.gate = l.up = l.scratch = l.total;
+        l.qg = l.qgate = l.qkv = l.z = l.alpha = l.beta = l.o = l.total;
         return l;
     }
     size_t off = 0;
@@ -71,6 +73,15 @@ ComputeLayout compute_layout(const Hparams& hp, int64_t nb, int64_t n_cells, int
     l.rope = take(nb * hp.n_rot);
     l.per_thread = attention_scratch_floats(n_cells, hp.n_head, hp.n_head_kv, hp.head_dim);
     l.scratch = take(l.per_thread * n_threads);
+    const bool gated = hp.attn_output_gate;
+    const bool gdn = hp.n_state_layer > 0;
+    l.qg = take(gated ? nb * 2 * hp.n_embd_q() : 0);
+    l.qgate = take(gated ? nb * hp.n_embd_q() : 0);
+    l.qkv = take(gdn ? nb * hp.ssm_conv_dim() : 0);
+    l.z = take(gdn ? nb * hp.ssm_v_dim() : 0);
+    l.alpha = take(gdn ? nb * hp.ssm_n_v_heads : 0);
+    l.beta = take(gdn ? nb * hp.ssm_n_v_heads : 0);
+    l.o = take(gdn ? nb * hp.ssm_v_dim() : 0);
     l.total = off;
     return l;
 }
@@ -89,7 +100,7 @@ KvCacheParams kv_params(const Model& m, const ContextParams& p) {
     const Hparams& hp = m.hparams();
     KvCacheParams k;
     k.n_cells = p.n_ctx;
-    k.n_layer = hp.n_layer;
+    k.n_layer = hp.kv_layer.empty() ? hp.n_layer : hp.n_kv_layer;  // hybrid models: attention layers only
     k.first_layer = m.n_gpu_layers();
     k.n_embd_kv = hp.n_embd_kv();
     k.head_dim = hp.head_dim;
@@ -109,6 +120,7 @@ ContextMemory Context::plan_memory(const Model& model, const ContextParams& para
     m.compute_bytes = compute_layout(hp, nb, params.n_ctx, resolve_threads(params.n_threads), model.gpu_output())
                           .total * sizeof(float);
     m.logits_bytes = static_cast<uint64_t>(params.n_seq_max) * hp.n_vocab * sizeof(float);
+    if (hp.n_state_layer > 0) m.recurrent_bytes = RecurrentState::bytes_needed(hp, params.n_seq_max);
 #ifdef BONSAI_CUDA
     if (model.n_gpu_layers() > 0) {
         ContextParams p = params;
@@ -124,12 +136,14 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams& params
     if (!model_) throw Error("Context needs a loaded model");
     params_.n_batch = std::min(params_.n_batch, std::max(params_.n_ctx, 1));
     const ContextMemory need = plan_memory(*model_, params_);
-    const uint64_t total = need.kv_bytes + need.compute_bytes + need.logits_bytes;
+    const uint64_t total = need.kv_bytes + need.compute_bytes + need.logits_bytes + need.recurrent_bytes;
     const uint64_t avail = mem_available_bytes();
     if (avail > 0 && total > avail) {
         throw Error("context of " + std::to_string(params_.n_ctx) + " tokens needs " + format_bytes(total) +
                     " (KV cache " + format_bytes(need.kv_bytes) + ", compute buffers " +
-                    format_bytes(need.compute_bytes) + ") but only " + format_bytes(avail) +
+                    format_bytes(need.compute_bytes) +
+                    (need.recurrent_bytes ? ", recurrent state " + format_bytes(need.recurrent_bytes) : std::string()) +
+                    ") but only " + format_bytes(avail) +
                     " of memory is available; use a smaller --ctx-size or --cache-type-k/v q8_0");
     }
 #ifdef BONSAI_CUDA
@@ -147,6 +161,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams& params
     const int n_threads = resolve_threads(params_.n_threads);
     pool_ = std::make_unique<ThreadPool>(n_threads);
     kv_ = std::make_unique<KvCache>(kv_params(*model_, params_));
+    if (model_->hparams().n_state_layer > 0) rs_ = std::make_unique<RecurrentState>(model_->hparams(), params_.n_seq_max);
     const ComputeLayout l =
         compute_layout(model_->hparams(), params_.n_batch, params_.n_ctx, n_threads, model_->gpu_output());
     compute_.assign(l.total, 0.0f);
@@ -208,34 +223,93 @@ void Context::decode(const Batch& batch) {
     }
     logits_.resize(static_cast<size_t>(n_outputs_) * n_vocab);
 
+    // Processing order: batch order, except that with recurrent layers the last token of every
+    // sequence that has two or more tokens here (a prompt) runs after the others, so that the
+    // sequence's state can be checkpointed just before it (bonsai/recurrent_state.h).
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    size_t n_first = n;
+    std::vector<std::pair<int, int32_t>> checkpoints;  // (seq, position) after the first pass
+    if (rs_) {
+        std::unordered_map<int, size_t> count, last;
+        for (size_t i = 0; i < n; ++i) {
+            ++count[batch.seq_id[i]];
+            last[batch.seq_id[i]] = i;
+        }
+        std::vector<uint8_t> deferred(n, 0);
+        for (const auto& [seq, c] : count) {
+            if (c >= 2) deferred[last[seq]] = 1;
+        }
+        order.clear();
+        for (size_t i = 0; i < n; ++i) if (!deferred[i]) order.push_back(i);
+        n_first = order.size();
+        for (size_t i = 0; i < n; ++i) if (deferred[i]) order.push_back(i);
+        std::unordered_map<int, int32_t> before_last;
+        for (size_t j = 0; j < n_first; ++j) {
+            const size_t i = order[j];
+            if (count[batch.seq_id[i]] >= 2) before_last[batch.seq_id[i]] = batch.pos[i];
+        }
+        for (const auto& [seq, p] : before_last) checkpoints.emplace_back(seq, p);
+    }
+    const bool identity = n_first == n || std::is_sorted(order.begin(), order.end());
+    Batch run;
+    std::vector<int32_t> run_cells(n);
+    std::vector<uint8_t> want(n);
+    for (size_t j = 0; j < n; ++j) {
+        const size_t i = order[j];
+        run.add(batch.token[i], batch.pos[i], batch.seq_id[i], out_index_[i] >= 0);
+        run_cells[j] = cells[i];
+        want[j] = out_index_[i] >= 0;
+    }
+
     size_t claimed = 0;
     try {
         int64_t outs_before = 0;
-        for (size_t b = 0; b < n; b += params_.n_batch) {
-            const size_t e = std::min(n, b + static_cast<size_t>(params_.n_batch));
-            for (size_t i = b; i < e; ++i) {
-                kv_->claim(cells[i], batch.pos[i], uint64_t{1} << batch.seq_id[i]);
-                ++claimed;
+        auto run_range = [&](size_t begin, size_t end) {
+            for (size_t b = begin; b < end; b += params_.n_batch) {
+                const size_t e = std::min(end, b + static_cast<size_t>(params_.n_batch));
+                for (size_t j = b; j < e; ++j) {
+                    kv_->claim(run_cells[j], run.pos[j], uint64_t{1} << run.seq_id[j]);
+                    ++claimed;
+                }
+                decode_chunk(run, b, e, run_cells, want, outs_before);
+                for (size_t j = b; j < e; ++j) outs_before += want[j];
             }
-            decode_chunk(batch, b, e, cells, outs_before);
-            for (size_t i = b; i < e; ++i) outs_before += out_index_[i] >= 0;
-        }
+        };
+        run_range(0, n_first);
+        for (const auto& [seq, p] : checkpoints) rs_->save_checkpoint(seq, p);
+        run_range(n_first, n);
     } catch (...) {
-        for (size_t i = 0; i < claimed; ++i) kv_->claim(cells[i], -1, 0);
+        for (size_t j = 0; j < claimed; ++j) kv_->claim(run_cells[j], -1, 0);
+        if (rs_) {  // the state has absorbed part of the batch: those sequences start over
+            for (size_t i = 0; i < n; ++i) {
+                kv_->seq_rm(batch.seq_id[i], -1, -1);
+                rs_->reset(batch.seq_id[i]);
+            }
+        }
         n_outputs_ = 0;
         throw;
+    }
+    if (!identity && n_outputs_ > 0) {  // output rows were written in processing order
+        std::vector<float> produced(logits_);
+        int64_t k = 0;
+        for (size_t j = 0; j < n; ++j) {
+            if (!want[j]) continue;
+            std::copy_n(produced.begin() + k * n_vocab, n_vocab, logits_.begin() + out_index_[order[j]] * n_vocab);
+            ++k;
+        }
     }
 }
 
 void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const std::vector<int32_t>& cells,
-                           int64_t first_out) {
+                           const std::vector<uint8_t>& want, int64_t first_out) {
     const Hparams& hp = model_->hparams();
     const int64_t n = static_cast<int64_t>(end - begin);
     std::vector<uint64_t> masks(n);
     std::vector<int32_t> out_rows;
     for (int64_t i = 0; i < n; ++i) {
         masks[i] = uint64_t{1} << batch.seq_id[begin + i];
-        if (out_index_[begin + i] >= 0) out_rows.push_back(static_cast<int32_t>(i));
+        if (want[begin + i]) out_rows.push_back(static_cast<int32_t>(i));
     }
     const ComputeLayout l = compute_layout(hp, params_.n_batch, params_.n_ctx, pool_->size(), model_->gpu_output());
     float* base = compute_.data();
@@ -265,6 +339,14 @@ void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const s
     st.attn_scratch = base + l.scratch;
     st.attn_scratch_per_thread = l.per_thread;
     st.gpu = gpu_.get();
+    st.qg = base + l.qg;
+    st.qgate = base + l.qgate;
+    st.qkv = base + l.qkv;
+    st.z = base + l.z;
+    st.alpha = base + l.alpha;
+    st.beta = base + l.beta;
+    st.o = base + l.o;
+    st.rs = rs_.get();
     model_->arch().forward(*model_, st);
 }
 
@@ -284,24 +366,79 @@ const float* Context::logits(int32_t i) const {
     return logits_.data() + static_cast<int64_t>(out_index_[i]) * n_vocab;
 }
 
+// Recurrent models: which removals keep the state exact (see context.h); checked for every
+// sequence involved before anything changes.
+void Context::check_recurrent_rm(int seq, int32_t p0, int32_t p1) const {
+    const int32_t pos_max = kv_->seq_pos_max(seq);
+    const int32_t from = std::max<int32_t>(p0, 0);
+    if (from > pos_max || (p1 >= 0 && p1 <= from)) return;  // removes nothing
+    if (p1 >= 0 && p1 <= pos_max) {
+        throw Error("seq_rm: sequence " + std::to_string(seq) + " of this recurrent (" + model_->hparams().arch +
+                    ") model can only drop a tail: removing positions [" + std::to_string(from) + ", " +
+                    std::to_string(p1) + ") would keep later tokens whose state depends on them");
+    }
+    if (from == 0 || rs_->checkpoint_pos(seq) == from - 1) return;
+    throw Error("seq_rm: the recurrent state of sequence " + std::to_string(seq) + " cannot be rewound to position " +
+                std::to_string(from) + " (its checkpoint is at " + std::to_string(rs_->checkpoint_pos(seq)) +
+                "); keep seq_reusable() tokens, or remove the whole sequence");
+}
+
+void Context::apply_recurrent_rm(int seq, int32_t p0, int32_t p1) {
+    const int32_t pos_max = kv_->seq_pos_max(seq);
+    const int32_t from = std::max<int32_t>(p0, 0);
+    if (from > pos_max || (p1 >= 0 && p1 <= from)) return;
+    if (from == 0) rs_->reset(seq);
+    else rs_->restore_checkpoint(seq);
+}
+
 void Context::seq_rm(int seq, int32_t p0, int32_t p1) {
     if (seq >= 0) check_seq(seq, "seq_rm");
+    if (rs_) {
+        const int first = seq < 0 ? 0 : seq, last = seq < 0 ? params_.n_seq_max - 1 : seq;
+        for (int s = first; s <= last; ++s) check_recurrent_rm(s, p0, p1);
+        for (int s = first; s <= last; ++s) apply_recurrent_rm(s, p0, p1);
+    }
     kv_->seq_rm(seq, p0, p1);
 }
 
 void Context::seq_cp(int src, int dst, int32_t p0, int32_t p1) {
     check_seq(src, "seq_cp");
     check_seq(dst, "seq_cp");
+    if (rs_ && src != dst) {
+        const int32_t pos_max = kv_->seq_pos_max(src);
+        if (kv_->seq_pos_max(dst) >= 0) {
+            throw Error("seq_cp: sequence " + std::to_string(dst) + " of this recurrent (" + model_->hparams().arch +
+                        ") model is not empty; seq_rm it first (a recurrent state cannot merge two histories)");
+        }
+        const bool from_start = p0 <= 0;
+        const int32_t ckpt = rs_->checkpoint_pos(src);
+        if (from_start && (p1 < 0 || p1 > pos_max)) {
+            rs_->copy(src, dst);
+        } else if (from_start && ckpt >= 0 && p1 == ckpt + 1) {
+            rs_->load_checkpoint_of(src, dst);
+        } else {
+            throw Error("seq_cp: this recurrent (" + model_->hparams().arch + ") model can copy sequence " +
+                        std::to_string(src) + " whole or up to its checkpoint (" + std::to_string(ckpt + 1) +
+                        " tokens), not positions [" + std::to_string(p0) + ", " + std::to_string(p1) +
+                        "); use seq_reusable()");
+        }
+    }
     kv_->seq_cp(src, dst, p0, p1);
 }
 
 void Context::seq_keep(int seq) {
     check_seq(seq, "seq_keep");
+    if (rs_) {
+        for (int s = 0; s < params_.n_seq_max; ++s) if (s != seq) rs_->reset(s);
+    }
     kv_->seq_keep(seq);
 }
 
 void Context::clear() {
     kv_->clear();
+    if (rs_) {
+        for (int s = 0; s < params_.n_seq_max; ++s) rs_->reset(s);
+    }
     n_outputs_ = 0;
     out_index_.clear();
 }
@@ -311,11 +448,20 @@ int32_t Context::seq_pos_max(int seq) const {
     return kv_->seq_pos_max(seq);
 }
 
+int32_t Context::seq_reusable(int seq, int32_t n) const {
+    check_seq(seq, "seq_reusable");
+    if (n <= 0) return 0;
+    if (!rs_ || n > kv_->seq_pos_max(seq)) return n;
+    const int32_t ckpt = rs_->checkpoint_pos(seq);
+    return ckpt >= 0 && ckpt + 1 <= n ? ckpt + 1 : 0;
+}
+
 ContextMemory Context::memory_report() const {
     ContextMemory m;
     m.kv_bytes = kv_->bytes();
     m.compute_bytes = compute_.size() * sizeof(float);
     m.logits_bytes = logits_.capacity() * sizeof(float);
+    m.recurrent_bytes = rs_ ? rs_->bytes() : 0;
 #ifdef BONSAI_CUDA
     if (gpu_) {
         add_gpu_memory(m, gpu_context_memory(*gpu_));

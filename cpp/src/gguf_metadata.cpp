@@ -233,8 +233,8 @@ const std::vector<std::string>& GgufFile::get_array_strings(const std::string& k
 
 std::vector<int64_t> GgufFile::get_array_i64(const std::string& key) const {
     const GgufValue& v = require(key);
-    if (!v.is_array() || !(is_signed(v.elem_type) || is_unsigned(v.elem_type)))
-        fail("metadata key '" + key + "' holds " + v.type_name() + ", expected an integer array");
+    if (!v.is_array() || !(is_signed(v.elem_type) || is_unsigned(v.elem_type) || v.elem_type == GgufValueType::BOOL))
+        fail("metadata key '" + key + "' holds " + v.type_name() + ", expected an integer array (booleans count as 0 / 1)");
     if (is_signed(v.elem_type)) return v.i;
     std::vector<int64_t> out;
     out.reserve(v.u.size());

@@ -2,6 +2,8 @@
 // (cpp/backends/cpu/). Row loops are spread over the thread pool where the work is per token.
 #include "layers.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "../backends/cpu/layers_cpu.h"
@@ -69,6 +71,73 @@ void attention(const AttentionArgs& a, float* scratch, size_t scratch_per_thread
         float* s = scratch + static_cast<size_t>(thread) * scratch_per_thread;
         for (int64_t j = begin; j < end; ++j) cpu::attention_group(a, j / a.n_head_kv, j % a.n_head_kv, s);
     });
+}
+
+void gdn_conv1d_silu(float* x, int64_t n_tokens, int64_t n_ch, const float* w_t, int64_t kernel,
+                     float* const* state, ThreadPool& pool) {
+    if (n_ch <= 0 || kernel < 1 || n_tokens < 0 || !x || !w_t || (n_tokens > 0 && !state)) {
+        throw Error("gdn_conv1d_silu: invalid arguments");
+    }
+    // Channels are independent: each thread runs its channel range through every token in order.
+    constexpr int64_t kBlock = 64;
+    const int64_t n_blocks = (n_ch + kBlock - 1) / kBlock;
+    pool.parallel_for(n_blocks, [&](int64_t b0, int64_t b1, int) {
+        const int64_t c0 = b0 * kBlock, c1 = std::min(n_ch, b1 * kBlock);
+        for (int64_t t = 0; t < n_tokens; ++t) cpu::conv1d_silu_channels(x + t * n_ch, w_t, state[t], n_ch, c0, c1, kernel);
+    });
+}
+
+void l2_norm_rows(float* x, int64_t n_rows, int64_t n, float eps) {
+    if (n <= 0 || n_rows < 0 || !x) throw Error("l2_norm_rows: invalid arguments");
+    for (int64_t r = 0; r < n_rows; ++r) cpu::l2_norm_row(x + r * n, n, eps);
+}
+
+void gdn_gates(float* alpha_to_g, float* beta, const float* dt_bias, const float* ssm_a, int64_t n_tokens,
+               int64_t n_heads) {
+    if (n_heads <= 0 || n_tokens < 0 || !alpha_to_g || !beta || !dt_bias || !ssm_a) {
+        throw Error("gdn_gates: invalid arguments");
+    }
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t h = 0; h < n_heads; ++h) {
+            const int64_t i = t * n_heads + h;
+            const float u = alpha_to_g[i] + dt_bias[h];
+            const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));  // log(1 + e^u), exact past 20
+            alpha_to_g[i] = ssm_a[h] * softplus;
+            beta[i] = 1.0f / (1.0f + std::exp(-beta[i]));
+        }
+    }
+}
+
+void gated_delta_rule(const DeltaRuleArgs& a, ThreadPool& pool) {
+    if (a.n_k_heads <= 0 || a.n_v_heads <= 0 || a.n_v_heads % a.n_k_heads != 0 || a.dk <= 0 || a.dv <= 0 ||
+        a.qkv_stride < 2 * a.n_k_heads * a.dk + a.n_v_heads * a.dv || !a.qkv || !a.g || !a.beta || !a.out ||
+        (a.n_tokens > 0 && !a.state)) {
+        throw Error("gated_delta_rule: invalid arguments");
+    }
+    const int64_t q_off = 0, k_off = a.n_k_heads * a.dk, v_off = 2 * a.n_k_heads * a.dk;
+    const int64_t state_head = a.dv * a.dk;
+    // V heads are independent: each thread runs its heads through every token in order.
+    pool.parallel_for(a.n_v_heads, [&](int64_t h0, int64_t h1, int) {
+        for (int64_t t = 0; t < a.n_tokens; ++t) {
+            const float* row = a.qkv + t * a.qkv_stride;
+            for (int64_t h = h0; h < h1; ++h) {
+                const int64_t kh = h % a.n_k_heads;
+                const int64_t gi = t * a.n_v_heads + h;
+                cpu::delta_rule_head(a.state[t] + h * state_head, row + q_off + kh * a.dk, row + k_off + kh * a.dk,
+                                     row + v_off + h * a.dv, std::exp(a.g[gi]), a.beta[gi], a.scale, a.dk, a.dv,
+                                     a.out + t * a.n_v_heads * a.dv + h * a.dv);
+            }
+        }
+    });
+}
+
+void rms_norm_gated(float* o, const float* w, const float* z, int64_t n_rows, int64_t n, float eps) {
+    if (n <= 0 || n_rows < 0 || !o || !w || !z) throw Error("rms_norm_gated: invalid arguments");
+    for (int64_t r = 0; r < n_rows; ++r) cpu::rms_norm_gated_row(o + r * n, w, z + r * n, n, eps);
+}
+
+void sigmoid_mul(float* x, const float* gate, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
 }
 
 }  // namespace bonsai

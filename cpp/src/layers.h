@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bonsai/gated_delta.h"  // the qwen35 Gated DeltaNet ops (public: bound for tests)
 #include "bonsai/kv_cache.h"
 #include "bonsai/model.h"
 #include "bonsai/thread_pool.h"

@@ -103,6 +103,24 @@ std::vector<float> ModelLoader::vector(const std::string& name, int64_t n) {
     return out;
 }
 
+std::vector<float> ModelLoader::floats_2d(const std::string& name, int64_t ne0, int64_t ne1) {
+    const GgufTensor& t = tensor(name);
+    if (t.ne.size() != 2 || t.ne[0] != ne0 || t.ne[1] != ne1) {
+        throw Error("tensor '" + name + "' has shape " + shape_str(t.ne) + ", expected [" + std::to_string(ne0) +
+                    ", " + std::to_string(ne1) + "] from the hyperparameters");
+    }
+    const TypeTraits* tr = type_traits(t.type);
+    if (!tr || ne0 % tr->block_size != 0) {
+        throw Error("tensor '" + name + "' of type " + ggml_type_label(t.file_id) + " has rows of " +
+                    std::to_string(ne0) + " elements, not a multiple of the block size; store it as F32");
+    }
+    std::vector<float> out(static_cast<size_t>(ne0 * ne1));
+    const size_t row_bytes = type_row_bytes(t.type, ne0);
+    for (int64_t r = 0; r < ne1; ++r) dequantize_row(t.type, t.data + r * row_bytes, out.data() + r * ne0, ne0);
+    m_.used_tensors_.emplace_back(t.type, t.nbytes);
+    return out;
+}
+
 Model::~Model() = default;
 
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelParams& params) {
@@ -178,6 +196,11 @@ void Model::bind_hadamard() {
         linear.push_back({b + "ffn_gate.weight", {&w.w_gate, &w.r_gate}});
         linear.push_back({b + "ffn_up.weight", {&w.w_up, &w.r_up}});
         linear.push_back({b + "ffn_down.weight", {&w.w_down, &w.r_down}});
+        if (hp_.is_recurrent(static_cast<int64_t>(il))) {  // qwen35 GDN layers
+            linear.push_back({b + "attn_qkv.weight", {&w.w_qkv, &w.r_qkv}});
+            linear.push_back({b + "attn_gate.weight", {&w.w_z, &w.r_z}});
+            linear.push_back({b + "ssm_out.weight", {&w.w_ssm_out, &w.r_ssm_out}});
+        }
     }
     if (!hp_.tied_output) linear.push_back({"output.weight", {&output_, &output_rot_}});
     for (const std::string& name : c.weight_names) {
@@ -186,6 +209,7 @@ void Model::bind_hadamard() {
         if (it == linear.end()) {
             std::string why = "; it must name a linear weight of this " + hp_.arch +
                               " model (blk.N.attn_q/attn_k/attn_v/attn_output/ffn_gate/ffn_up/ffn_down.weight" +
+                              (hp_.recurrent.empty() ? "" : ", blk.N.attn_qkv/attn_gate/ssm_out.weight of a GDN layer") +
                               (hp_.tied_output ? "; the output head is tied to token_embd.weight, which is folded "
                                                  "through inverse_weight_names" : ", output.weight") + ")";
             if (name == "token_embd.weight") why = "; token_embd.weight is an embedding: list it in "
@@ -209,6 +233,11 @@ void Model::offload(const ModelParams& params) {
     const int64_t want = params.n_gpu_layers < 0 || params.n_gpu_layers > hp_.n_layer ? hp_.n_layer
                                                                                        : params.n_gpu_layers;
     if (want == 0) return;
+    if (!hp_.recurrent.empty()) {  // the GPU path has no Gated DeltaNet layers yet
+        std::fprintf(stderr, "note: the %s architecture runs on the CPU only in this version; n_gpu_layers = %d is "
+                     "ignored\n", hp_.arch.c_str(), params.n_gpu_layers);
+        return;
+    }
 #ifdef BONSAI_CUDA
     if (cuda_device_count() == 0) {
         if (params.n_gpu_layers > 0)
@@ -276,9 +305,13 @@ std::string Model::layer_table() const {
         const LayerWeights& w = layers_[il];
         char head[32];
         std::snprintf(head, sizeof head, "layer %3zu: %s", il, static_cast<int64_t>(il) < n_gpu_layers_ ? "GPU" : "CPU");
-        os << head << "  q " << tn(w.wq) << "  k " << tn(w.wk) << "  v " << tn(w.wv) << "  o "
-           << tn(w.wo) << "  gate " << tn(w.w_gate) << "  up " << tn(w.w_up) << "  down "
-           << tn(w.w_down) << "\n";
+        if (hp_.is_recurrent(static_cast<int64_t>(il))) {
+            os << head << "  GDN qkv " << tn(w.w_qkv) << "  z " << tn(w.w_z) << "  alpha " << tn(w.w_alpha)
+               << "  beta " << tn(w.w_beta) << "  out " << tn(w.w_ssm_out);
+        } else {
+            os << head << "  q " << tn(w.wq) << "  k " << tn(w.wk) << "  v " << tn(w.wv) << "  o " << tn(w.wo);
+        }
+        os << "  gate " << tn(w.w_gate) << "  up " << tn(w.w_up) << "  down " << tn(w.w_down) << "\n";
     }
     os << "output: " << (gpu_output() ? "GPU " : "CPU ") << tn(output_) << (hp_.tied_output ? " (tied to token_embd)" : "") << "\n";
     if (hadamard_.present) {

@@ -22,6 +22,8 @@ public:
     WeightView matrix(const std::string& name, int64_t cols, int64_t rows);
     // A vector of n values of any type, converted to float32.
     std::vector<float> vector(const std::string& name, int64_t n);
+    // A small 2-D tensor of ggml shape {ne0, ne1} of any type, converted to float32 (ne0 fastest).
+    std::vector<float> floats_2d(const std::string& name, int64_t ne0, int64_t ne1);
 
 private:
     const GgufTensor& tensor(const std::string& name) const;

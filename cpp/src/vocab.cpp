@@ -21,7 +21,7 @@ namespace {
 const char* const kSpmSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
 
 std::string supported_pre_names() {
-    return "\"default\", \"gpt-2\", \"llama-bpe\" (also \"llama3\", \"llama-v3\"), \"qwen2\"";
+    return "\"default\", \"gpt-2\", \"llama-bpe\" (also \"llama3\", \"llama-v3\"), \"qwen2\", \"qwen35\"";
 }
 
 PreTokenizer parse_pre(const std::string& pre) {
@@ -29,6 +29,7 @@ PreTokenizer parse_pre(const std::string& pre) {
     if (pre == "gpt-2" || pre == "gpt2") return PreTokenizer::GPT2;
     if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") return PreTokenizer::LLAMA3;
     if (pre == "qwen2") return PreTokenizer::QWEN2;
+    if (pre == "qwen35") return PreTokenizer::QWEN35;
     throw Error("tokenizer.ggml.pre = \"" + pre + "\" is not a supported pre-tokenizer (supported: " +
                 supported_pre_names() + "). Convert the model with one of them.");
 }

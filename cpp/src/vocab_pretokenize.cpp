@@ -7,6 +7,9 @@
 //   llama-bpe (Llama 3) and qwen2 (N = {1,3} for Llama 3, a single digit for Qwen2):
 //     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //     \s*[\r\n]+|\s+(?!\S)|\s+
+//   qwen35 (Qwen3.5): qwen2's pattern with the marks joined to the letters, [\p{L}\p{M}]+ and
+//     [^\s\p{L}\p{M}\p{N}]; the optional prefix [^\r\n\p{L}\p{N}]? may then be a mark, which matches
+//     the same extent as the mark starting the letter run, so counting marks as letters is exact.
 //   default (llama.cpp's pre-tokenizer for files without a known one): four splits in sequence,
 //     each applied to every piece of the previous one:
 //     [\p{P}\$\+<=>\^~\|]+   then the gpt-2 pattern   then \p{N}+   then [0-9][0-9][0-9]
@@ -28,12 +31,12 @@ enum CharClass : uint8_t { CLS_LETTER, CLS_NUMBER, CLS_SPACE, CLS_OTHER };
 
 class Matcher {
 public:
-    Matcher(std::string_view text) : chars_(unicode::decode_utf8(text)) {
+    explicit Matcher(std::string_view text, bool marks_are_letters = false) : chars_(unicode::decode_utf8(text)) {
         cls_.resize(chars_.size());
         for (size_t i = 0; i < chars_.size(); ++i) {
             const uint32_t cp = chars_[i].cp;
             const unicode::Category c = unicode::category(cp);
-            if (c == unicode::CAT_LETTER) cls_[i] = CLS_LETTER;
+            if (c == unicode::CAT_LETTER || (marks_are_letters && c == unicode::CAT_MARK)) cls_[i] = CLS_LETTER;
             else if (c == unicode::CAT_NUMBER) cls_[i] = CLS_NUMBER;
             else if (unicode::is_whitespace(cp)) cls_[i] = CLS_SPACE;
             else cls_[i] = CLS_OTHER;
@@ -141,14 +144,14 @@ private:
     std::vector<uint8_t> cls_;
 };
 
-enum class Stage { GPT2, LLAMA3, QWEN2, PUNCT_RUN, NUMBER_RUN, THREE_DIGITS };
+enum class Stage { GPT2, LLAMA3, QWEN2, QWEN35, PUNCT_RUN, NUMBER_RUN, THREE_DIGITS };
 
 // Splits every span of `in` by one pattern; matches and the gaps between them become spans.
 std::vector<TextSpan> split_spans(std::string_view text, const std::vector<TextSpan>& in, Stage stage) {
     std::vector<TextSpan> out;
     out.reserve(in.size());
     for (const TextSpan& span : in) {
-        const Matcher m(text.substr(span.offset, span.len));
+        const Matcher m(text.substr(span.offset, span.len), stage == Stage::QWEN35);
         const size_t n = m.size();
         auto emit = [&](size_t from, size_t to) {  // characters [from, to) of this span
             const auto& last = m.at(to - 1);
@@ -160,7 +163,8 @@ std::vector<TextSpan> split_spans(std::string_view text, const std::vector<TextS
             switch (stage) {
                 case Stage::GPT2: k = m.match_gpt2(i); break;
                 case Stage::LLAMA3: k = m.match_llama3(i, 3); break;
-                case Stage::QWEN2: k = m.match_llama3(i, 1); break;
+                case Stage::QWEN2:
+                case Stage::QWEN35: k = m.match_llama3(i, 1); break;
                 case Stage::PUNCT_RUN: k = m.match_punct_run(i); break;
                 case Stage::NUMBER_RUN: k = m.match_number_run(i); break;
                 default: k = m.match_three_digits(i); break;
@@ -188,6 +192,7 @@ std::vector<TextSpan> pretokenize(PreTokenizer pre, std::string_view text) {
     switch (pre) {
         case PreTokenizer::LLAMA3: return split_spans(text, spans, Stage::LLAMA3);
         case PreTokenizer::QWEN2: return split_spans(text, spans, Stage::QWEN2);
+        case PreTokenizer::QWEN35: return split_spans(text, spans, Stage::QWEN35);
         case PreTokenizer::GPT2: return split_spans(text, spans, Stage::GPT2);
         default:
             for (Stage s : {Stage::PUNCT_RUN, Stage::GPT2, Stage::NUMBER_RUN, Stage::THREE_DIGITS}) {

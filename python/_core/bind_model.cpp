@@ -273,6 +273,11 @@ void bind_model(py::module_& m) {
              py::arg("src"), py::arg("dst"), py::arg("p0") = -1, py::arg("p1") = -1)
         .def("seq_keep", [](PyContext& s, int seq) { s.get().seq_keep(seq); }, py::arg("seq"))
         .def("seq_pos_max", [](const PyContext& s, int seq) { return s.get().seq_pos_max(seq); }, py::arg("seq"))
+        .def("seq_reusable", [](const PyContext& s, int seq, int n) { return s.get().seq_reusable(seq, n); },
+             py::arg("seq"), py::arg("n"),
+             "The longest prefix (<= n tokens) of the sequence that seq_rm / seq_cp can keep exactly: n, except for "
+             "recurrent (qwen35) models, whose state rewinds only to its checkpoint.")
+        .def_property_readonly("recurrent", [](const PyContext& s) { return s.get().recurrent(); })
         .def("clear", [](PyContext& s) { s.get().clear(); })
         .def_property_readonly("n_ctx", [](const PyContext& s) { return s.get().n_ctx(); })
         .def_property_readonly("n_batch", [](const PyContext& s) { return s.get().params().n_batch; })
@@ -283,6 +288,7 @@ void bind_model(py::module_& m) {
             d["kv_bytes"] = r.kv_bytes;
             d["compute_bytes"] = r.compute_bytes;
             d["logits_bytes"] = r.logits_bytes;
+            d["recurrent_bytes"] = r.recurrent_bytes;
             d["gpu_kv_bytes"] = r.gpu_kv_bytes;
             d["gpu_compute_bytes"] = r.gpu_compute_bytes;
             d["gpu_logits_bytes"] = r.gpu_logits_bytes;

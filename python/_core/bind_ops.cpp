@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "bind.h"
 #include "bind_arrays.h"
 #include "bonsai/error.h"
+#include "bonsai/gated_delta.h"
 #include "bonsai/ops.h"
 
 namespace py = pybind11;
@@ -132,6 +134,128 @@ void bind_ops(py::module_& m) {
         },
         py::arg("type"), py::arg("w"), py::arg("cols"), py::arg("ids"),
         "Dequantized rows W[ids] as float32 (n, cols).");
+    // qwen35 Gated DeltaNet ops (bonsai/gated_delta.h), for the float64 reference tests. States are
+    // [n_slots, ...] arrays; slots[t] names token t's slot (default: every token slot 0). The
+    // updated states are returned with the outputs.
+    auto slot_ptrs = [](std::optional<I32Array> slots, int64_t n_tokens, float* base, int64_t n_slots,
+                        int64_t slot_floats) {
+        std::vector<float*> ptrs(n_tokens);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            const int32_t s = slots ? slots->data()[t] : 0;
+            if (s < 0 || s >= n_slots) throw bonsai::Error("slots[" + std::to_string(t) + "] is outside the states");
+            ptrs[t] = base + s * slot_floats;
+        }
+        if (slots && slots->size() != n_tokens) throw bonsai::Error("slots must have one entry per token");
+        return ptrs;
+    };
+    m.def(
+        "gdn_conv1d_silu",
+        [slot_ptrs](const F32Array& x, const F32Array& w_t, const F32Array& state, std::optional<I32Array> slots,
+                    int threads) {
+            if (x.ndim() != 2 || w_t.ndim() != 2 || w_t.shape(1) != x.shape(1) || state.ndim() != 3 ||
+                state.shape(1) != w_t.shape(0) - 1 || state.shape(2) != x.shape(1))
+                throw bonsai::Error("x [T, C], w_t [K, C] and state [slots, K-1, C] must agree");
+            const int64_t n = x.shape(0), c = x.shape(1), k = w_t.shape(0);
+            py::array_t<float> y({x.shape(0), x.shape(1)});
+            py::array_t<float> st({state.shape(0), state.shape(1), state.shape(2)});
+            std::copy(x.data(), x.data() + n * c, y.mutable_data());
+            std::copy(state.data(), state.data() + state.size(), st.mutable_data());
+            std::vector<float*> ptrs = slot_ptrs(slots, n, st.mutable_data(), state.shape(0), (k - 1) * c);
+            float* yp = y.mutable_data();
+            bonsai::ThreadPool& pool = pool_for(threads);
+            {
+                py::gil_scoped_release release;
+                bonsai::gdn_conv1d_silu(yp, n, c, w_t.data(), k, ptrs.data(), pool);
+            }
+            return py::make_tuple(y, st);
+        },
+        py::arg("x"), py::arg("w_t"), py::arg("state"), py::arg("slots") = py::none(), py::arg("threads") = 1,
+        "Causal depthwise conv1d + SiLU with carried states: (out [T, C], states).");
+    m.def(
+        "l2_norm_rows",
+        [](const F32Array& x, float eps) {
+            if (x.ndim() != 2) throw bonsai::Error("x must be a 2-D float32 array");
+            py::array_t<float> y({x.shape(0), x.shape(1)});
+            std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+            bonsai::l2_norm_rows(y.mutable_data(), x.shape(0), x.shape(1), eps);
+            return y;
+        },
+        py::arg("x"), py::arg("eps") = 1e-6f, "Rows divided by sqrt(sum of squares + eps).");
+    m.def(
+        "gdn_gates",
+        [](const F32Array& alpha, const F32Array& beta, const F32Array& dt_bias, const F32Array& ssm_a) {
+            if (alpha.ndim() != 2 || beta.ndim() != 2 || alpha.shape(0) != beta.shape(0) ||
+                alpha.shape(1) != beta.shape(1) || dt_bias.size() != alpha.shape(1) || ssm_a.size() != alpha.shape(1))
+                throw bonsai::Error("alpha, beta [T, H], dt_bias and ssm_a [H] must agree");
+            py::array_t<float> g({alpha.shape(0), alpha.shape(1)}), b({beta.shape(0), beta.shape(1)});
+            std::copy(alpha.data(), alpha.data() + alpha.size(), g.mutable_data());
+            std::copy(beta.data(), beta.data() + beta.size(), b.mutable_data());
+            bonsai::gdn_gates(g.mutable_data(), b.mutable_data(), dt_bias.data(), ssm_a.data(), alpha.shape(0),
+                              alpha.shape(1));
+            return py::make_tuple(g, b);
+        },
+        py::arg("alpha"), py::arg("beta"), py::arg("dt_bias"), py::arg("ssm_a"),
+        "(g, beta) = (ssm_a * softplus(alpha + dt_bias), sigmoid(beta)).");
+    m.def(
+        "gated_delta_rule",
+        [slot_ptrs](const F32Array& qkv, const F32Array& g, const F32Array& beta, const F32Array& state,
+                    int64_t n_k_heads, int64_t n_v_heads, int64_t dk, int64_t dv, std::optional<I32Array> slots,
+                    int threads) {
+            if (qkv.ndim() != 2 || g.ndim() != 2 || beta.ndim() != 2 || state.ndim() != 4 ||
+                g.shape(0) != qkv.shape(0) || g.shape(1) != n_v_heads || beta.shape(0) != qkv.shape(0) ||
+                beta.shape(1) != n_v_heads || state.shape(1) != n_v_heads || state.shape(2) != dv ||
+                state.shape(3) != dk)
+                throw bonsai::Error("qkv [T, stride], g, beta [T, HV] and state [slots, HV, dv, dk] must agree");
+            const int64_t n = qkv.shape(0);
+            py::array_t<float> st({state.shape(0), state.shape(1), state.shape(2), state.shape(3)});
+            std::copy(state.data(), state.data() + state.size(), st.mutable_data());
+            std::vector<float*> ptrs = slot_ptrs(slots, n, st.mutable_data(), state.shape(0), n_v_heads * dv * dk);
+            py::array_t<float> out({n, n_v_heads * dv});
+            bonsai::DeltaRuleArgs a;
+            a.qkv = qkv.data();
+            a.qkv_stride = qkv.shape(1);
+            a.g = g.data();
+            a.beta = beta.data();
+            a.n_tokens = n;
+            a.n_k_heads = n_k_heads;
+            a.n_v_heads = n_v_heads;
+            a.dk = dk;
+            a.dv = dv;
+            a.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+            a.state = ptrs.data();
+            a.out = out.mutable_data();
+            bonsai::ThreadPool& pool = pool_for(threads);
+            {
+                py::gil_scoped_release release;
+                bonsai::gated_delta_rule(a, pool);
+            }
+            return py::make_tuple(out, st);
+        },
+        py::arg("qkv"), py::arg("g"), py::arg("beta"), py::arg("state"), py::arg("n_k_heads"), py::arg("n_v_heads"),
+        py::arg("dk"), py::arg("dv"), py::arg("slots") = py::none(), py::arg("threads") = 1,
+        "The gated delta rule over T tokens (q, k L2-normed in qkv): (out [T, HV*dv], states).");
+    m.def(
+        "rms_norm_gated",
+        [](const F32Array& o, const F32Array& w, const F32Array& z, float eps) {
+            if (o.ndim() != 2 || z.ndim() != 2 || z.shape(0) != o.shape(0) || z.shape(1) != o.shape(1) ||
+                w.size() != o.shape(1))
+                throw bonsai::Error("o, z [rows, n] and w [n] must agree");
+            py::array_t<float> y({o.shape(0), o.shape(1)});
+            std::copy(o.data(), o.data() + o.size(), y.mutable_data());
+            bonsai::rms_norm_gated(y.mutable_data(), w.data(), z.data(), o.shape(0), o.shape(1), eps);
+            return y;
+        },
+        py::arg("o"), py::arg("w"), py::arg("z"), py::arg("eps"), "rms_norm(o) * w * silu(z) per row.");
+    m.def(
+        "sigmoid_mul",
+        [](const F32Array& x, const F32Array& gate) {
+            if (x.size() != gate.size()) throw bonsai::Error("x and gate must have the same size");
+            py::array_t<float> y(x.size());
+            std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+            bonsai::sigmoid_mul(y.mutable_data(), gate.data(), x.size());
+            return y;
+        },
+        py::arg("x"), py::arg("gate"), "x * sigmoid(gate), flattened.");
     m.def(
         "cpu_paths",
         [] {

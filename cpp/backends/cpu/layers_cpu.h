@@ -22,5 +22,13 @@ void softmax(float* x, int64_t n);
 // Attention of token t against kv head hkv: writes the n_head / n_head_kv query heads that read it.
 void attention_group(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch);
 
+// qwen35 Gated DeltaNet rows (gated_delta.cpp).
+void conv1d_silu_channels(float* x, const float* w_t, float* state, int64_t n_ch, int64_t c0, int64_t c1,
+                          int64_t kernel);
+void l2_norm_row(float* x, int64_t n, float eps);
+void delta_rule_head(float* S, const float* q, const float* k, const float* v, float decay, float beta, float scale,
+                     int64_t dk, int64_t dv, float* o);
+void rms_norm_gated_row(float* o, const float* w, const float* z, int64_t n, float eps);
+
 }  // namespace cpu
 }  // namespace bonsai

@@ -15,6 +15,7 @@
 #include "bonsai/kv_cache.h"
 #include "bonsai/model.h"
 #include "bonsai/ops.h"
+#include "bonsai/recurrent_state.h"
 #include "bonsai/thread_pool.h"
 #include "bonsai/types.h"
 
@@ -57,6 +58,7 @@ struct ContextMemory {
     uint64_t kv_bytes = 0;       // K and V buffers (host; the layers that run on the CPU)
     uint64_t compute_bytes = 0;  // activation scratch for n_batch tokens + attention scratch
     uint64_t logits_bytes = 0;   // output buffer currently allocated
+    uint64_t recurrent_bytes = 0;  // qwen35: conv + delta state of every sequence, with one checkpoint each
     // Device memory of the offloaded layers (CUDA builds; one allocation, see gpu_backend.h).
     uint64_t gpu_kv_bytes = 0;
     uint64_t gpu_compute_bytes = 0;
@@ -82,11 +84,20 @@ public:
     // All output rows of the last batch, in batch order: [n_outputs, n_vocab].
     const float* all_logits() const { return logits_.data(); }
 
+    // Models with recurrent layers (qwen35) keep a state per sequence that cannot be rewound to an
+    // arbitrary position: seq_rm may drop a sequence's tail only back to its checkpoint (see
+    // bonsai/recurrent_state.h) or to 0, and seq_cp copies a whole sequence, or its prefix up to the
+    // checkpoint, into an empty one; anything else is refused before any state changes.
     void seq_rm(int seq, int32_t p0 = -1, int32_t p1 = -1);
     void seq_cp(int src, int dst, int32_t p0 = -1, int32_t p1 = -1);
     void seq_keep(int seq);
     void clear();
     int32_t seq_pos_max(int seq) const;  // -1 if the sequence is empty
+    // The longest prefix of at most n tokens of sequence seq that can be kept exactly (seq_rm(seq,
+    // m, -1) and seq_cp(seq, other, 0, m) succeed for the returned m): n for attention-only models;
+    // for recurrent ones n when it keeps every token, else the checkpoint's prefix, else 0.
+    int32_t seq_reusable(int seq, int32_t n) const;
+    bool recurrent() const { return rs_ != nullptr; }
 
     const Model& model() const { return *model_; }
     std::shared_ptr<const Model> model_ptr() const { return model_; }
@@ -102,12 +113,15 @@ public:
 private:
     void check_seq(int seq, const char* what) const;
     void decode_chunk(const Batch& batch, size_t begin, size_t end, const std::vector<int32_t>& cells,
-                      int64_t first_out);
+                      const std::vector<uint8_t>& want, int64_t first_out);
+    void check_recurrent_rm(int seq, int32_t p0, int32_t p1) const;
+    void apply_recurrent_rm(int seq, int32_t p0, int32_t p1);
 
     std::shared_ptr<const Model> model_;
     ContextParams params_;
     std::unique_ptr<ThreadPool> pool_;
     std::unique_ptr<KvCache> kv_;
+    std::unique_ptr<RecurrentState> rs_;  // qwen35: the GDN layers' state (null for other models)
     std::vector<float> compute_;
     size_t attn_scratch_per_thread_ = 0;
     std::vector<float> logits_;

@@ -124,7 +124,7 @@ public:
     // Array getters (the key must exist and hold an array of the right element kind).
     size_t get_array_size(const std::string& key) const;
     const std::vector<std::string>& get_array_strings(const std::string& key) const;
-    std::vector<int64_t> get_array_i64(const std::string& key) const;
+    std::vector<int64_t> get_array_i64(const std::string& key) const;  // integer or boolean (0 / 1) elements
     std::vector<float> get_array_f32(const std::string& key) const;
 
     // Tensors in file order.

@@ -45,7 +45,7 @@ enum class RopeType {
 };
 
 struct Hparams {
-    std::string arch;            // "llama", "qwen2", "qwen3"
+    std::string arch;            // "llama", "qwen2", "qwen3", "qwen35"
     int64_t n_vocab = 0;
     int64_t n_ctx_train = 0;
     int64_t n_embd = 0;
@@ -61,6 +61,27 @@ struct Hparams {
     RopeType rope_type = RopeType::NORMAL;
     bool tied_output = false;    // output head shares token_embd.weight
 
+    // qwen35 (SPEC §6a): layer il is a Gated DeltaNet (recurrent) layer when recurrent[il] != 0;
+    // the others are gated full-attention layers, the only ones with KV. kv_layer[il] is the
+    // layer's index in the KV cache (-1 for a recurrent layer), state_layer[il] its index among the
+    // recurrent layers (-1 for an attention layer). Empty / identity for the other architectures.
+    std::vector<uint8_t> recurrent;
+    std::vector<int32_t> kv_layer, state_layer;
+    int64_t n_kv_layer = 0;       // layers with KV (n_layer for the dense architectures)
+    int64_t n_state_layer = 0;    // recurrent layers
+    bool attn_output_gate = false;  // attn_q holds query and output gate per head (2 x head_dim)
+    int64_t ssm_conv_kernel = 0;  // ssm.conv_kernel
+    int64_t ssm_dk = 0;           // ssm.state_size: head size of the GDN q and k
+    int64_t ssm_n_k_heads = 0;    // ssm.group_count
+    int64_t ssm_n_v_heads = 0;    // ssm.time_step_rank
+    int64_t ssm_dv = 0;           // ssm.inner_size / ssm.time_step_rank
+    int64_t ssm_conv_dim() const { return 2 * ssm_n_k_heads * ssm_dk + ssm_n_v_heads * ssm_dv; }
+    int64_t ssm_v_dim() const { return ssm_n_v_heads * ssm_dv; }
+    // floats of one sequence's recurrent state in one recurrent layer: conv window, delta state
+    int64_t conv_state_floats() const { return (ssm_conv_kernel - 1) * ssm_conv_dim(); }
+    int64_t delta_state_floats() const { return ssm_n_v_heads * ssm_dv * ssm_dk; }
+    bool is_recurrent(int64_t il) const { return !recurrent.empty() && recurrent[il] != 0; }
+
     int64_t n_embd_q() const { return n_head * head_dim; }
     int64_t n_embd_kv() const { return n_head_kv * head_dim; }
 };
@@ -71,8 +92,13 @@ struct LayerWeights {
     std::vector<float> attn_norm, ffn_norm;
     std::vector<float> bq, bk, bv;        // qwen2 only (empty otherwise)
     std::vector<float> q_norm, k_norm;    // qwen3 only: per-head RMSNorm weights [head_dim]
+    // qwen35 Gated DeltaNet layers (ffn_norm holds post_attention_norm in every qwen35 layer)
+    WeightView w_qkv, w_z, w_alpha, w_beta, w_ssm_out;  // attn_qkv, attn_gate, ssm_alpha, ssm_beta, ssm_out
+    std::vector<float> conv_w_t;   // ssm_conv1d taps transposed: [kernel][conv_dim]
+    std::vector<float> dt_bias, ssm_a, ssm_norm;  // [n_v_heads], [n_v_heads], [dv]
     // prism.hadamard: the input rotation of each folded weight (block 0 = not folded)
     Rotation r_q, r_k, r_v, r_o, r_gate, r_up, r_down;
+    Rotation r_qkv, r_z, r_ssm_out;
 };
 
 struct ModelMemory {

@@ -21,7 +21,7 @@ namespace bonsai {
 class GgufFile;
 
 enum class VocabType { SPM, BPE };
-enum class PreTokenizer { NONE, DEFAULT, GPT2, LLAMA3, QWEN2 };  // NONE for SPM
+enum class PreTokenizer { NONE, DEFAULT, GPT2, LLAMA3, QWEN2, QWEN35 };  // NONE for SPM
 
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 enum TokenType : int32_t {

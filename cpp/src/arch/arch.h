@@ -1,6 +1,6 @@
-// The architecture table: what differs between llama, qwen2 and qwen3 — hyperparameter reading,
+// The architecture table: what differs between llama, qwen2, qwen3 and qwen35 — hyperparameter reading,
 // the per-layer tensor list and the forward pass of one batch — one file per architecture
-// (llama.cpp, qwen2.cpp, qwen3.cpp). The pieces they share (common hyperparameters, the common
+// (llama.cpp, qwen2.cpp, qwen3.cpp, qwen35.cpp). The pieces they share (common hyperparameters, the common
 // tensor list, embedding, the attention and SwiGLU blocks, the output head) are in arch_common.cpp.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include "bonsai/kv_cache.h"
 #include "bonsai/model.h"
 #include "bonsai/ops.h"
+#include "bonsai/recurrent_state.h"
 #include "bonsai/thread_pool.h"
 
 namespace bonsai {
@@ -48,6 +49,16 @@ struct ForwardState {
     float* rope_cs = nullptr;  // [n, n_rot] cos/sin table
     float* attn_scratch = nullptr;
     size_t attn_scratch_per_thread = 0;
+    // qwen35 only (null otherwise): the gated attention's query+gate rows and gate, the GDN
+    // projections (qkv = conv input/output, z, alpha -> g, beta), its output, and the state.
+    float* qg = nullptr;     // [n, 2 * n_embd_q]
+    float* qgate = nullptr;  // [n, n_embd_q]
+    float* qkv = nullptr;    // [n, ssm_conv_dim]
+    float* z = nullptr;      // [n, ssm_v_dim]
+    float* alpha = nullptr;  // [n, ssm_n_v_heads]
+    float* beta = nullptr;   // [n, ssm_n_v_heads]
+    float* o = nullptr;      // [n, ssm_v_dim]
+    RecurrentState* rs = nullptr;
     GpuContext* gpu = nullptr;  // device state when the model has GPU layers (CUDA builds)
 };
 
@@ -61,6 +72,7 @@ struct ArchSpec {
 extern const ArchSpec kArchLlama;
 extern const ArchSpec kArchQwen2;
 extern const ArchSpec kArchQwen3;
+extern const ArchSpec kArchQwen35;
 
 // The spec of an architecture name; throws listing the supported ones.
 const ArchSpec& find_arch(const std::string& name);
@@ -76,6 +88,15 @@ void begin_forward(const Model& m, ForwardState& st);
 void project_qkv(const Model& m, const LayerWeights& w, ForwardState& st);
 // Rotates q and k, stores k/v in the cache, attends, x += wo * attention.
 void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st);
+// The first half of attend: rotates q and k, stores k/v in KV layer kv_layer, attention -> st.attn.
+void attention_heads(const Model& m, int64_t kv_layer, ForwardState& st);
+// x += wo * st.attn (the second half of attend).
+void attention_output(const Model& m, const LayerWeights& w, ForwardState& st);
+// Weights that read one input x (at most 4); the folded ones (prism.hadamard) read WHT_B(s ⊙ x).
+// The rotation may overwrite x.
+void matmul_group(const WeightView* const* ws, const Rotation* const* rs, float* const* ys, int n, float* x,
+                  int64_t n_tokens, ForwardState& st);
+void matmul_one(const WeightView& w, const Rotation& r, float* x, int64_t n_tokens, float* y, ForwardState& st);
 // x += w_down * (silu(w_gate * h) * (w_up * h)) with h = rms_norm(x) * ffn_norm.
 void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st);
 // logits of the requested rows: output * rms_norm(x) * output_norm.

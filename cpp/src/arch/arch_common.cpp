@@ -11,10 +11,10 @@
 namespace bonsai {
 
 const ArchSpec& find_arch(const std::string& name) {
-    for (const ArchSpec* a : {&kArchLlama, &kArchQwen2, &kArchQwen3}) {
+    for (const ArchSpec* a : {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchQwen35}) {
         if (name == a->name) return *a;
     }
-    throw Error("unsupported model architecture '" + name + "'; this engine runs llama, qwen2 and qwen3");
+    throw Error("unsupported model architecture '" + name + "'; this engine runs llama, qwen2, qwen3 and qwen35");
 }
 
 void read_common_hparams(const GgufFile& f, Hparams& hp) {
@@ -73,14 +73,16 @@ static RopeParams rope_params(const Model& m) {
     return r;
 }
 
-// Weights that read one input x; the folded ones (prism.hadamard) read WHT_B(s ⊙ x), computed once
-// for all of them. The unfolded ones run first, because the rotation may overwrite x.
-static void matmul_group(const WeightView* const* ws, const Rotation* const* rs, float* const* ys, int n, float* x,
-                         int64_t n_tokens, ForwardState& st) {
-    const WeightView* plain_w[3];
-    float* plain_y[3];
-    const WeightView* rot_w[3];
-    float* rot_y[3];
+// The rotation WHT_B(s ⊙ x) is computed once for all the folded weights of a group; the unfolded
+// ones run first, because the rotation may overwrite x.
+void matmul_group(const WeightView* const* ws, const Rotation* const* rs, float* const* ys, int n, float* x,
+                  int64_t n_tokens, ForwardState& st) {
+    constexpr int kMax = 4;
+    if (n > kMax) throw Error("matmul_group: at most 4 weights share an input");
+    const WeightView* plain_w[kMax];
+    float* plain_y[kMax];
+    const WeightView* rot_w[kMax];
+    float* rot_y[kMax];
     int n_plain = 0, n_rot = 0;
     const Rotation* rot = nullptr;
     for (int i = 0; i < n; ++i) {
@@ -97,7 +99,7 @@ static void matmul_group(const WeightView* const* ws, const Rotation* const* rs,
     if (n_rot > 0) matmul_rotated(rot_w, rot_y, n_rot, x, n_tokens, *rot, st.act, *st.pool);
 }
 
-static void matmul_one(const WeightView& w, const Rotation& r, float* x, int64_t n_tokens, float* y, ForwardState& st) {
+void matmul_one(const WeightView& w, const Rotation& r, float* x, int64_t n_tokens, float* y, ForwardState& st) {
     const WeightView* ws[1] = {&w};
     const Rotation* rs[1] = {&r};
     float* ys[1] = {y};
@@ -120,6 +122,11 @@ void project_qkv(const Model& m, const LayerWeights& w, ForwardState& st) {
 }
 
 void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st) {
+    attention_heads(m, il, st);
+    attention_output(m, w, st);
+}
+
+void attention_heads(const Model& m, int64_t il, ForwardState& st) {
     const Hparams& hp = m.hparams();
     const RopeParams rp = rope_params(m);
     rope_apply(st.q, st.n_tokens, hp.n_head, hp.head_dim, rp, st.rope_cs);
@@ -141,8 +148,11 @@ void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st)
     a.flash = st.flash_attn;
     a.out = st.attn;
     attention(a, st.attn_scratch, st.attn_scratch_per_thread, *st.pool);
+}
+
+void attention_output(const Model& m, const LayerWeights& w, ForwardState& st) {
     matmul_one(w.wo, w.r_o, st.attn, st.n_tokens, st.cur, st);
-    add_inplace(st.x, st.cur, st.n_tokens * hp.n_embd);
+    add_inplace(st.x, st.cur, st.n_tokens * m.hparams().n_embd);
 }
 
 void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st) {

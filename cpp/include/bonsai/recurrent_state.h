@@ -1,0 +1,47 @@
+// The recurrent state of a hybrid model's Gated DeltaNet layers (qwen35, SPEC §6a), per sequence:
+// for every recurrent layer the conv window (the last kernel-1 inputs of the conv1d, f32) and the
+// delta-rule state (n_v_heads x dv x dk, f32). Allocated once with the context, like the KV cache.
+//
+// Unlike K/V, the state at an earlier position cannot be rebuilt from what the cache holds, so each
+// sequence also keeps one checkpoint: a copy of its whole state at a known position. Context takes
+// it when a decode call gives a sequence a prompt (two or more tokens), at the prompt's second-to-
+// last token, so that a later prompt sharing that prefix resumes exactly from it. Removing tokens
+// is exact only back to the checkpoint (or everything); Context refuses anything else.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "bonsai/model.h"
+
+namespace bonsai {
+
+class RecurrentState {
+public:
+    RecurrentState(const Hparams& hp, int n_seq);
+
+    // Bytes the state of n_seq sequences takes, checkpoints included.
+    static uint64_t bytes_needed(const Hparams& hp, int n_seq);
+    uint64_t bytes() const { return (live_.size() + ckpt_.size()) * sizeof(float); }
+
+    // The conv window / delta state of sequence seq in recurrent layer sl (Hparams::state_layer).
+    float* conv(int seq, int64_t sl) { return live_.data() + offset(seq) + sl * conv_floats_; }
+    float* delta(int seq, int64_t sl) { return live_.data() + offset(seq) + n_layer_ * conv_floats_ + sl * delta_floats_; }
+
+    void reset(int seq);              // zero state, no checkpoint
+    void copy(int src, int dst);      // state and checkpoint of src into dst
+    void save_checkpoint(int seq, int32_t pos);
+    int32_t checkpoint_pos(int seq) const { return ckpt_pos_[seq]; }  // -1: none
+    void restore_checkpoint(int seq); // the live state becomes the checkpoint's
+    void load_checkpoint_of(int src, int dst);  // dst's live state and checkpoint become src's checkpoint
+
+private:
+    size_t offset(int seq) const { return static_cast<size_t>(seq) * per_seq_; }
+
+    int64_t n_layer_ = 0, conv_floats_ = 0, delta_floats_ = 0;
+    size_t per_seq_ = 0;
+    std::vector<float> live_, ckpt_;
+    std::vector<int32_t> ckpt_pos_;
+};
+
+}  // namespace bonsai
