@@ -5,11 +5,19 @@ CPU figures use the engine's own allocation formulas (they must agree with what
 `_core.Model.memory_report()` + `_core.Context.memory_report()` report; tests/test_plan.py checks):
   weights   every tensor the engine binds, at its stored size (mapped from the file, not copied)
   KV cache  n_ctx cells x n_layer x (row_bytes(type_k, n_embd_kv) + row_bytes(type_v, n_embd_kv))
-            (cpp/src/kv_cache.cpp; n_ctx counts cells over all --parallel sequences)
+            (cpp/src/kv_cache.cpp; n_ctx counts cells over all --parallel sequences); for a
+            hybrid model (qwen35) only its attention blocks count
+  recurrent state
+            qwen35 only: per sequence (--parallel) and Gated DeltaNet block, the conv window
+            (conv_kernel - 1) x conv_dim and the delta-rule state V heads x dv x dk, float32,
+            held twice (the live state and one checkpoint of it for exact prompt-prefix reuse;
+            cpp/src/recurrent_state.cpp)
   compute   float32 scratch for nb = min(n_batch, n_ctx) tokens: x, cur [nb, n_embd], q, attn
             [nb, n_embd_q], k, v [nb, n_embd_kv], gate, up [nb, n_ff], rope [nb, n_rot], plus per
             thread 2 head_dim + n_rep (n_ctx + head_dim + 2) floats of attention scratch
-            (cpp/src/context.cpp compute_layout, cpp/src/layers.cpp attention_scratch_floats)
+            (cpp/src/context.cpp compute_layout, cpp/src/layers.cpp attention_scratch_floats);
+            qwen35 adds query+gate [nb, 2 n_embd_q], gate [nb, n_embd_q], qkv [nb, conv_dim],
+            z, o [nb, V heads x dv] and alpha, beta [nb, V heads]
   logits    n_seq_max x n_vocab float32
   overhead  float32 copies of the 1-D tensors (exact) and the vocabulary tables (estimate)
 
@@ -96,10 +104,15 @@ def check_params(d: ModelDesc, p: PlanParams) -> None:
 
 def kv_bytes(d: ModelDesc, n_cells: int, type_k: str, type_v: str,
              n_layer: int | None = None) -> int:
-    """KvCache::bytes_needed for n_layer layers (all by default)."""
-    layers = d.n_layer if n_layer is None else n_layer
+    """KvCache::bytes_needed for n_layer KV layers (all attention blocks by default)."""
+    layers = d.n_kv_layer if n_layer is None else n_layer
     row = type_info(type_k).row_bytes(d.n_embd_kv) + type_info(type_v).row_bytes(d.n_embd_kv)
     return n_cells * layers * row
+
+
+def recurrent_bytes(d: ModelDesc, n_seq: int) -> int:
+    """RecurrentState::bytes_needed: live state + one checkpoint per sequence, float32."""
+    return 2 * 4 * n_seq * d.recurrent_floats_per_seq
 
 
 def attention_scratch_floats(d: ModelDesc, n_cells: int) -> int:
@@ -109,6 +122,11 @@ def attention_scratch_floats(d: ModelDesc, n_cells: int) -> int:
 
 def activation_floats(d: ModelDesc, nb: int) -> int:
     per_token = 2 * d.n_embd + 2 * d.n_embd_q + 2 * d.n_embd_kv + 2 * d.n_ff + d.n_rot
+    if d.attn_output_gate:
+        per_token += 3 * d.n_embd_q
+    if d.n_state_layer:
+        v_dim = d.ssm_n_v_heads * d.ssm_dv
+        per_token += d.ssm_conv_dim + 2 * v_dim + 2 * d.ssm_n_v_heads
     return nb * per_token
 
 
@@ -169,8 +187,8 @@ def _gpu_holds(t, n_gpu: int, all_on_gpu: bool) -> bool:
 
 def _device(name: str) -> dict:
     return {"device": name, "weights_by_type": {}, "weights_bytes": 0, "kv_bytes": 0,
-            "compute_bytes": 0, "logits_bytes": 0, "overhead_bytes": 0, "overhead_items": {},
-            "read_per_token_bytes": 0, "n_layers": 0}
+            "recurrent_bytes": 0, "compute_bytes": 0, "logits_bytes": 0, "overhead_bytes": 0,
+            "overhead_items": {}, "read_per_token_bytes": 0, "n_layers": 0}
 
 
 def _add_weight(dev: dict, t, nbytes: int | None = None, type_name: str | None = None) -> None:
@@ -224,7 +242,10 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
             if head is gpu:
                 _add_weight(gpu, t)   # the tied head needs its own copy on the GPU
             head["read_per_token_bytes"] += t.nbytes
-    cpu["kv_bytes"] = kv_bytes(d, n_ctx, p.type_k, p.type_v, d.n_layer - n_gpu)
+    cpu["kv_bytes"] = kv_bytes(d, n_ctx, p.type_k, p.type_v,
+                               d.n_kv_layer - d.kv_layers_below(n_gpu))
+    cpu["recurrent_bytes"] = recurrent_bytes(d, p.n_parallel)   # host memory (the live state and
+    cpu["read_per_token_bytes"] += cpu["recurrent_bytes"] // 2  # its checkpoint); a step reads one
     cpu["logits_bytes"] = logits_bytes(d, p.n_parallel)
     nb = min(p.n_batch, n_ctx)
     if n_gpu < d.n_layer:
@@ -235,15 +256,16 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
         VOCAB_TEXT_ESTIMATE * d.n_vocab
     cpu["overhead_items"]["vocabulary (estimate)"] = vocab_text + VOCAB_ENTRY_BYTES * d.n_vocab
     if gpu is not None:
-        g = gpu_context_bytes(d, n_ctx, p.n_batch, p.type_k, p.type_v, n_gpu, all_on_gpu, p.flash_attn)
+        g = gpu_context_bytes(d, n_ctx, p.n_batch, p.type_k, p.type_v, d.kv_layers_below(n_gpu),
+                              all_on_gpu, p.flash_attn)
         gpu["kv_bytes"] = g["kv_bytes"]
         gpu["compute_bytes"] = g["compute_bytes"]
         gpu["logits_bytes"] = g["logits_bytes"]
         gpu["overhead_items"]["runtime allowance (estimate)"] = p.gpu_overhead
     for dev in devs.values():
         dev["overhead_bytes"] = sum(dev["overhead_items"].values())
-        dev["total_bytes"] = (dev["weights_bytes"] + dev["kv_bytes"] + dev["compute_bytes"]
-                              + dev["logits_bytes"] + dev["overhead_bytes"])
+        dev["total_bytes"] = (dev["weights_bytes"] + dev["kv_bytes"] + dev["recurrent_bytes"]
+                              + dev["compute_bytes"] + dev["logits_bytes"] + dev["overhead_bytes"])
     return devs
 
 
@@ -302,7 +324,8 @@ def make_plan(d: ModelDesc, p: PlanParams) -> dict:
                   "n_embd": d.n_embd, "n_ff": d.n_ff, "n_head": d.n_head, "n_head_kv": d.n_head_kv,
                   "head_dim": d.head_dim, "n_vocab": d.n_vocab, "tied_output": d.tied,
                   "n_params": d.n_params, "weights_bytes": sum(t.nbytes for t in d.tensors),
-                  "linear_bpw": round(d.linear_bpw(), 4)},
+                  "linear_bpw": round(d.linear_bpw(), 4), "n_kv_layer": d.n_kv_layer,
+                  "n_recurrent_layer": d.n_state_layer},
         "settings": {"n_ctx": p.n_ctx, "n_batch": min(p.n_batch, p.n_ctx),
                      "n_parallel": p.n_parallel, "n_threads": resolve_threads(p.n_threads),
                      "type_k": p.type_k.lower(), "type_v": p.type_v.lower(),
@@ -388,8 +411,14 @@ def format_plan(plan: dict) -> str:
     rows.append(("weights", [format_bytes(devs[n]["weights_bytes"]) for n in names]))
     for t in types:
         rows.append((f"  {t}", [format_bytes(devs[n]["weights_by_type"].get(t, 0)) for n in names]))
-    rows.append((f"KV cache ({s['type_k']}/{s['type_v']})",
+    hybrid = m.get("n_recurrent_layer", 0) > 0
+    n_kv = m.get("n_kv_layer", 0)
+    kv_of = f", {n_kv} attention layer{'' if n_kv == 1 else 's'}" if hybrid else ""
+    rows.append((f"KV cache ({s['type_k']}/{s['type_v']}{kv_of})",
                  [format_bytes(devs[n]["kv_bytes"]) for n in names]))
+    if hybrid:
+        rows.append((f"recurrent state ({m['n_recurrent_layer']} GDN layers, x2 checkpoint)",
+                     [format_bytes(devs[n]["recurrent_bytes"]) for n in names]))
     rows.append(("compute buffers", [format_bytes(devs[n]["compute_bytes"]) for n in names]))
     rows.append(("logits", [format_bytes(devs[n]["logits_bytes"]) for n in names]))
     rows.append(("runtime overhead", [format_bytes(devs[n]["overhead_bytes"]) for n in names]))

@@ -4,8 +4,12 @@ config.json plus a quantization scheme, or from a named preset.
 
 The tensor list is the engine's (cpp/src/arch/*.cpp): token_embd, output_norm, output (absent when
 tied), optional rope_freqs, and per block attn_norm, attn_q/k/v/output, ffn_norm, ffn_gate/up/down,
-plus q/k/v biases (qwen2) or per-head q/k norms (qwen3). Tensors a file holds beyond these are not
-loaded and not counted.
+plus q/k/v biases (qwen2) or per-head q/k norms (qwen3). qwen35 (hybrid) blocks are either
+attention blocks (attn_norm, attn_q [query + gate], attn_k/v/output, attn_q/k_norm,
+post_attention_norm, ffn_*) or Gated DeltaNet blocks (attn_norm, attn_qkv, attn_gate, ssm_alpha,
+ssm_beta, ssm_out, ssm_conv1d, ssm_dt.bias, ssm_a, ssm_norm, post_attention_norm, ffn_*); the
+conv taps are copied to float32 at load like the 1-D tensors. Tensors a file holds beyond these are
+not loaded and not counted.
 
 Schemes for a config.json (no weights are read; sizes follow from shapes and type geometry):
   policy        the quantizer's default (quantize/policy.py): ternary PTQ1_0 q/k/v/o/gate/up,
@@ -59,6 +63,36 @@ class ModelDesc:
     tensors: list[PlanTensor] = field(default_factory=list)
     vocab_text_bytes: int | None = None   # bytes of all token texts, when known
     notes: list[str] = field(default_factory=list)
+    # hybrid (qwen35) models: per block, True for a recurrent (Gated DeltaNet) block, which has no
+    # KV cache but a per-sequence state; empty for the dense architectures
+    recurrent: list[bool] = field(default_factory=list)
+    attn_output_gate: bool = False        # attn_q holds query and gate (qwen35)
+    ssm_conv_kernel: int = 0
+    ssm_conv_dim: int = 0                 # 2 x K heads x dk + V heads x dv
+    ssm_n_v_heads: int = 0
+    ssm_dv: int = 0
+    ssm_dk: int = 0
+
+    @property
+    def n_state_layer(self) -> int:
+        return sum(self.recurrent)
+
+    @property
+    def n_kv_layer(self) -> int:
+        return self.n_layer - self.n_state_layer
+
+    def kv_layers_below(self, n: int) -> int:
+        """Attention (KV) blocks among the first n blocks."""
+        n = max(0, min(n, self.n_layer))
+        return n - sum(self.recurrent[:n]) if self.recurrent else n
+
+    @property
+    def recurrent_floats_per_seq(self) -> int:
+        """One sequence's live state: per GDN block the conv window ((kernel - 1) x conv_dim) and
+        the delta-rule state (V heads x dv x dk), float32 (cpp/src/recurrent_state.cpp)."""
+        per_layer = ((self.ssm_conv_kernel - 1) * self.ssm_conv_dim
+                     + self.ssm_n_v_heads * self.ssm_dv * self.ssm_dk)
+        return self.n_state_layer * per_layer
 
     @property
     def n_embd_q(self) -> int:
@@ -91,12 +125,26 @@ PRESETS = {
 }
 
 
-def _engine_tensor_names(arch: str, n_layer: int) -> list[tuple[str, int | None]]:
+_QWEN35_COMMON = ["attn_norm", "post_attention_norm", "ffn_gate", "ffn_up", "ffn_down"]
+_QWEN35_ATTN = ["attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"]
+_QWEN35_GDN = ["attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out", "ssm_conv1d",
+               "ssm_norm"]
+
+
+def _engine_tensor_names(arch: str, n_layer: int,
+                         recurrent: list[bool] | None = None) -> list[tuple[str, int | None]]:
     names: list[tuple[str, int | None]] = [
         ("token_embd.weight", None), ("output_norm.weight", None), ("output.weight", None),
         ("rope_freqs.weight", None)]
     for i in range(n_layer):
         b = f"blk.{i}."
+        if arch == "qwen35":
+            gdn = bool(recurrent and recurrent[i])
+            per = _QWEN35_COMMON + (_QWEN35_GDN if gdn else _QWEN35_ATTN)
+            names += [(b + p + ".weight", i) for p in per]
+            if gdn:
+                names += [(b + "ssm_dt.bias", i), (b + "ssm_a", i)]
+            continue
         per = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
                "ffn_up", "ffn_down"]
         if arch == "qwen2":
@@ -112,7 +160,22 @@ def _role(name: str, ndim: int) -> str:
         return ROLE_EMBD
     if name == "output.weight":
         return ROLE_OUTPUT
+    if name.endswith(".ssm_conv1d.weight"):      # copied to float32 at load, like a 1-D tensor
+        return ROLE_VECTOR
     return ROLE_MATRIX if ndim == 2 else ROLE_VECTOR
+
+
+def _qwen35_recurrent(md: dict, n_layer: int, path) -> list[bool]:
+    flags = md.get("qwen35.attention.recurrent_layers")
+    if isinstance(flags, list):
+        if len(flags) < n_layer:
+            raise BonsaiError(f"{path}: qwen35.attention.recurrent_layers has {len(flags)} entries "
+                              f"for {n_layer} blocks; re-convert the model")
+        return [bool(f) for f in flags[:n_layer]]
+    interval = int(md.get("qwen35.full_attention_interval", 4))
+    if interval <= 0:
+        raise BonsaiError(f"{path}: qwen35.full_attention_interval must be positive")
+    return [(i + 1) % interval != 0 for i in range(n_layer)]
 
 
 # ----- GGUF files -----
@@ -126,9 +189,9 @@ def describe_gguf(path: str | os.PathLike) -> ModelDesc:
         arch = md.get("general.architecture")
         if arch is None:
             raise BonsaiError(f"{path}: no general.architecture key; it is not a model file")
-        if arch not in ("llama", "qwen2", "qwen3"):
+        if arch not in ("llama", "qwen2", "qwen3", "qwen35"):
             raise BonsaiError(f"{path}: unsupported model architecture {arch!r}; the engine runs "
-                              "llama, qwen2 and qwen3")
+                              "llama, qwen2, qwen3 and qwen35")
 
         def key(k, default=None):
             v = md.get(f"{arch}.{k}", default)
@@ -151,11 +214,19 @@ def describe_gguf(path: str | os.PathLike) -> ModelDesc:
                       n_ff=int(key("feed_forward_length")),
                       n_rot=int(key("rope.dimension_count", head_dim)),
                       tied="output.weight" not in by_name)
+        if arch == "qwen35":
+            d.recurrent = _qwen35_recurrent(md, d.n_layer, path)
+            d.attn_output_gate = True
+            n_v, dk = int(key("ssm.time_step_rank")), int(key("ssm.state_size"))
+            n_k = int(key("ssm.group_count"))
+            d.ssm_conv_kernel, d.ssm_n_v_heads, d.ssm_dk = int(key("ssm.conv_kernel")), n_v, dk
+            d.ssm_dv = int(key("ssm.inner_size")) // max(n_v, 1)
+            d.ssm_conv_dim = 2 * n_k * dk + n_v * d.ssm_dv
         tokens = md.get("tokenizer.ggml.tokens")
         if isinstance(tokens, list):
             d.vocab_text_bytes = sum(len(s.encode("utf-8", "replace")) for s in tokens)
         unsupported = []
-        for name, layer in _engine_tensor_names(arch, d.n_layer):
+        for name, layer in _engine_tensor_names(arch, d.n_layer, d.recurrent):
             t = by_name.get(name)
             if t is None:
                 if name in ("output.weight", "rope_freqs.weight"):
@@ -198,11 +269,12 @@ def _read_config(path: str | os.PathLike) -> tuple[dict, str]:
 
 
 def _types_outtype(specs, outtype: str, float_default: str) -> dict[str, str]:
+    from .convert.arch.base import F32_ROLES
     from .convert.outtypes import FREE_OUTTYPES, fits_block
 
     out = {}
     for s in specs:
-        if len(s.shape) == 1:
+        if len(s.shape) == 1 or s.role in F32_ROLES:
             t = "f32"
         elif s.role in ("token_embd", "output"):
             t = outtype if outtype in FREE_OUTTYPES else "f16"
@@ -218,8 +290,11 @@ def _types_outtype(specs, outtype: str, float_default: str) -> dict[str, str]:
 def _types_policy(specs, target_bpw: float | None) -> dict[str, str]:
     from .quantize.policy import Policy, check_target, promote_to_target, tier_bpw
 
+    from .convert.arch.base import F32_ROLES
+
     pol = Policy()
-    out = {s.hf_name: pol.type_of(s.hf_name, len(s.shape))[0] for s in specs}
+    out = {s.hf_name: "f32" if s.role in F32_ROLES else pol.type_of(s.hf_name, len(s.shape))[0]
+           for s in specs}
     if target_bpw is not None:
         lin = [s for s in specs if s.role == "linear"]
         check_target(target_bpw, [(s.hf_name, _numel(s.shape), None) for s in lin], pol.ternary)
@@ -268,14 +343,20 @@ def describe_config(config: dict, source: str, outtype: str | None = None,
         scheme = "PTQ1_0 default policy" if target_bpw is None else f"target {target_bpw} bpw"
     d = ModelDesc(source=source, scheme=scheme, arch=fam.gguf_arch, n_vocab=hp.n_vocab,
                   n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head, n_head_kv=hp.n_head_kv,
-                  head_dim=hp.head_dim, n_ff=hp.n_ff, n_rot=hp.head_dim, tied=hp.tied)
+                  head_dim=hp.head_dim, n_ff=hp.n_ff, n_rot=getattr(fam, "rope_dim", hp.head_dim),
+                  tied=hp.tied)
+    if fam.gguf_arch == "qwen35":
+        d.recurrent, d.attn_output_gate = list(fam.recurrent), True
+        d.ssm_conv_kernel, d.ssm_conv_dim = fam.conv_kernel, fam.conv_dim
+        d.ssm_n_v_heads, d.ssm_dv, d.ssm_dk = fam.n_v, fam.dv, fam.dk
     for s in specs:
         t = type_info(types[s.hf_name])
-        n = _numel(s.shape)
-        nbytes = t.row_bytes(s.shape[-1]) * (n // s.shape[-1])
+        shape = s.gguf_shape
+        n = _numel(shape)
+        nbytes = t.row_bytes(shape[-1]) * (n // shape[-1])
         layer = int(s.gguf_name.split(".")[1]) if s.gguf_name.startswith("blk.") else None
         d.tensors.append(PlanTensor(s.gguf_name, t.name, nbytes, n,
-                                    _role(s.gguf_name, len(s.shape)), layer, int(s.shape[-1])))
+                                    _role(s.gguf_name, len(shape)), layer, int(shape[-1])))
     for name, arr in fam.extra_tensors():
         n = int(arr.size)
         d.tensors.append(PlanTensor(name, "F32", 4 * n, n, ROLE_VECTOR, None, n))
