@@ -112,6 +112,9 @@ class Context:
         assert seq == 0 and (p1 == -1 or p1 < 0)
         del self.kv[p0:]
 
+    def seq_reusable(self, seq, n):  # attention-only: any prefix is kept exactly
+        return n
+
     def clear(self):
         self.kv.clear()
 

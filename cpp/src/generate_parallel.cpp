@@ -162,12 +162,17 @@ private:
         size_t reuse = 0;
         if (o_.cache_prompt) {
             const size_t limit = prompt.size() - 1;  // evaluate at least the last prompt token
-            const size_t own = std::min(common_prefix(slot.cached, prompt), limit);
+            // the longest prefix a slot keeps exactly (recurrent models: back to their checkpoint)
+            auto reusable = [&](const Slot& s) {
+                return static_cast<size_t>(
+                    ctx_.seq_reusable(s.id, static_cast<int32_t>(std::min(common_prefix(s.cached, prompt), limit))));
+            };
+            const size_t own = reusable(slot);
             const Slot* donor = nullptr;
             size_t donor_lcp = own;
             for (const Slot& s : slots_) {
                 if (&s == &slot) continue;
-                const size_t lcp = std::min(common_prefix(s.cached, prompt), limit);
+                const size_t lcp = reusable(s);
                 if (lcp > donor_lcp) {
                     donor = &s;
                     donor_lcp = lcp;

@@ -7,7 +7,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['BonsaiError', 'Context', 'GgufFile', 'GgufTensorInfo', 'Model', 'Sampler', 'TokenStreamDecoder', 'Vocab', 'bf16_to_fp32', 'build_info', 'cpu_path', 'cpu_paths', 'cuda_device_count', 'dequantize', 'fp16_to_fp32', 'fp32_to_bf16', 'fp32_to_fp16', 'get_rows', 'ggml_type_name', 'hadamard_rotate', 'matmul', 'matmul_rotated', 'measure_read_bandwidth', 'quantize', 'type_info']
+__all__: list[str] = ['BonsaiError', 'Context', 'GgufFile', 'GgufTensorInfo', 'Model', 'Sampler', 'TokenStreamDecoder', 'Vocab', 'bf16_to_fp32', 'build_info', 'cpu_path', 'cpu_paths', 'cuda_device_count', 'dequantize', 'fp16_to_fp32', 'fp32_to_bf16', 'fp32_to_fp16', 'gated_delta_rule', 'gdn_conv1d_silu', 'gdn_gates', 'get_rows', 'ggml_type_name', 'hadamard_rotate', 'l2_norm_rows', 'matmul', 'matmul_rotated', 'measure_read_bandwidth', 'quantize', 'rms_norm_gated', 'sigmoid_mul', 'type_info']
 class BonsaiError(ValueError):
     pass
 class GgufTensorInfo:
@@ -287,6 +287,10 @@ class Context:
         ...
     def seq_pos_max(self, seq: typing.SupportsInt | typing.SupportsIndex) -> int:
         ...
+    def seq_reusable(self, seq: typing.SupportsInt | typing.SupportsIndex, n: typing.SupportsInt | typing.SupportsIndex) -> int:
+        """
+        The longest prefix (<= n tokens) of the sequence that seq_rm / seq_cp can keep exactly: n, except for recurrent (qwen35) models, whose state rewinds only to its checkpoint.
+        """
     def seq_rm(self, seq: typing.SupportsInt | typing.SupportsIndex, p0: typing.SupportsInt | typing.SupportsIndex = -1, p1: typing.SupportsInt | typing.SupportsIndex = -1) -> None:
         ...
     @property
@@ -300,6 +304,9 @@ class Context:
         ...
     @property
     def n_threads(self) -> int:
+        ...
+    @property
+    def recurrent(self) -> bool:
         ...
 class Sampler:
     """
@@ -348,6 +355,18 @@ def fp32_to_fp16(x: numpy.ndarray) -> numpy.ndarray:
     """
     fp16 bits (uint16) of a float32 array, round to nearest even.
     """
+def gated_delta_rule(qkv: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], g: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], beta: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], state: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], n_k_heads: typing.SupportsInt | typing.SupportsIndex, n_v_heads: typing.SupportsInt | typing.SupportsIndex, dk: typing.SupportsInt | typing.SupportsIndex, dv: typing.SupportsInt | typing.SupportsIndex, slots: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None, threads: typing.SupportsInt | typing.SupportsIndex = 1) -> tuple[numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.float32]]:
+    """
+    The gated delta rule over T tokens (q, k L2-normed in qkv): (out [T, HV*dv], states).
+    """
+def gdn_conv1d_silu(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], w_t: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], state: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], slots: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None, threads: typing.SupportsInt | typing.SupportsIndex = 1) -> tuple[numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.float32]]:
+    """
+    Causal depthwise conv1d + SiLU with carried states: (out [T, C], states).
+    """
+def gdn_gates(alpha: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], beta: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], dt_bias: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], ssm_a: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> tuple[numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.float32]]:
+    """
+    (g, beta) = (ssm_a * softplus(alpha + dt_bias), sigmoid(beta)).
+    """
 def get_rows(type: typing.SupportsInt | typing.SupportsIndex, w: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], cols: typing.SupportsInt | typing.SupportsIndex, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32]) -> numpy.typing.NDArray[numpy.float32]:
     """
     Dequantized rows W[ids] as float32 (n, cols).
@@ -360,6 +379,10 @@ def hadamard_rotate(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], 
     """
     Blockwise Walsh-Hadamard rotation of each row: WHT_B(s * x), or s * WHT_B(x) with inverse=True.
     """
+def l2_norm_rows(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], eps: typing.SupportsFloat | typing.SupportsIndex = 9.999999974752427e-07) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    Rows divided by sqrt(sum of squares + eps).
+    """
 def matmul(type: typing.SupportsInt | typing.SupportsIndex, w: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], cols: typing.SupportsInt | typing.SupportsIndex, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], mode: str = 'int8', threads: typing.SupportsInt | typing.SupportsIndex = 1, path: str | None = None) -> numpy.typing.NDArray[numpy.float32]:
     """
     y (n_tokens, rows) = x @ W.T for a weight of engine type `type` stored as uint8 rows.
@@ -368,7 +391,6 @@ def matmul_rotated(type: typing.SupportsInt | typing.SupportsIndex, w: typing.An
     """
     y = WHT_B(s * x) @ W.T (the input of a Hadamard-folded weight, rotated then multiplied).
     """
-
 def measure_read_bandwidth(buffer_bytes: typing.SupportsInt | typing.SupportsIndex = 268435456, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, repeats: typing.SupportsInt | typing.SupportsIndex = 5) -> dict:
     """
     Streams a buffer larger than the caches with n_threads threads (0 = all); returns the best and mean read rate in bytes/s.
@@ -377,8 +399,16 @@ def quantize(type: typing.SupportsInt | typing.SupportsIndex, x: numpy.ndarray) 
     """
     Quantizes a float32 array (rows = last axis, a multiple of the block size) to type; returns uint8 of shape (..., row_bytes). Errors name flat (C-order) element indices.
     """
+def rms_norm_gated(o: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], w: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], z: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], eps: typing.SupportsFloat | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    rms_norm(o) * w * silu(z) per row.
+    """
+def sigmoid_mul(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], gate: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    x * sigmoid(gate), flattened.
+    """
 def type_info(type: typing.SupportsInt | typing.SupportsIndex) -> typing.Any:
     """
     Block geometry of an engine type id (None if unknown).
     """
-build_info: dict = {'cuda': False, 'compiled_avx512': True, 'compiled_avx2': True}
+build_info: dict = {'cuda': False, 'compiled_avx512': False, 'compiled_avx2': True}

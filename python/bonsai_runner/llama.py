@@ -286,9 +286,10 @@ class Llama:
 
     def _reuse_prefix(self, tokens: list[int]) -> int:
         """Keeps the KV cache of the longest common prefix with the evaluated tokens, leaving at
-        least one token of `tokens` to evaluate; returns how many tokens were kept."""
+        least one token of `tokens` to evaluate; returns how many tokens were kept. A recurrent
+        model (qwen35) keeps only what its state can resume from exactly (Context.seq_reusable)."""
         keep = min(common_prefix_len(self._input_ids.tolist(), tokens), len(tokens) - 1)
-        self.n_tokens = self._n_reused = max(keep, 0)
+        self.n_tokens = self._n_reused = self._live().seq_reusable(0, max(keep, 0))
         self._live().seq_rm(0, self.n_tokens, -1)
         return self.n_tokens
 

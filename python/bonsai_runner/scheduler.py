@@ -486,11 +486,14 @@ class Scheduler:
         prompt = req.prompt_tokens
         limit = len(prompt) - 1  # the last prompt token is always evaluated (fresh logits)
         if self.cache_prompt:
-            own = [(min(common_prefix_len(s.cached, prompt), limit), -s.last_used, s) for s in free]
+            # the longest prefix each slot can keep exactly (recurrent models: back to a checkpoint)
+            def reusable(s: _Slot) -> int:
+                return self._ctx.seq_reusable(s.seq, max(min(common_prefix_len(s.cached, prompt), limit), 0))
+            own = [(reusable(s), -s.last_used, s) for s in free]
             n_own, _, slot = max(own, key=lambda t: (t[0], t[1]))
             if n_own == 0:  # nothing to reuse here: take the free slot holding the least cache
                 slot = min(free, key=lambda s: (len(s.cached), s.last_used))
-            donors = [(min(common_prefix_len(s.cached, prompt), limit), s) for s in self._slots if s is not slot]
+            donors = [(reusable(s), s) for s in self._slots if s is not slot]
             n_donor, donor = max(donors, key=lambda t: t[0], default=(0, None))
             if donor is not None and n_donor > n_own:
                 self._ctx.seq_rm(slot.seq, -1, -1)
