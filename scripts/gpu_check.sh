@@ -3,9 +3,10 @@
 # the local GPU, run the C++ tests and the CUDA test suite (pytest -m cuda: every op x type against
 # the CPU, whole-model logits CPU vs GPU for all architectures and weight types, partial offload,
 # multi-sequence batches, KV types, device memory vs cudaMemGetInfo, refusals, flash attention,
-# CUDA graphs on vs off), run a short GPU benchmark (benchmarks/bench_gpu.py --quick: the 8B shape's
-# decode with graphs on / off, 8 parallel sequences, prefill flash vs plain, against a measured
-# copy-bandwidth roofline), and write a summary and the logs under $OUT (or build/gpu_check when OUT is unset).
+# CUDA graphs on vs off, qwen35's Gated DeltaNet ops), run a short GPU benchmark
+# (benchmarks/bench_gpu.py --quick: the 8B shape's decode with graphs on / off, 8 parallel
+# sequences, prefill flash vs plain, against a measured copy-bandwidth roofline), and write a
+# summary and the logs under $OUT (or build/gpu_check when OUT is unset).
 #
 # Budget: about 8 minutes on an H200 machine with 16 cores (build ~2-3 min, tests ~2 min,
 # benchmark ~1-2 min). The whole script stays inside GPU_CHECK_BUDGET seconds (default 470, so that
@@ -83,7 +84,7 @@ tail -1 "$summary"
 # a crash in one group cannot hide the results of the next
 for f in ops engine quants; do
   case $f in
-    ops) files="tests/test_cuda_ops.py tests/test_cuda_flash.py" cap=120 reserve=150 ;;
+    ops) files="tests/test_cuda_ops.py tests/test_cuda_flash.py tests/test_cuda_gdn_ops.py" cap=120 reserve=150 ;;
     engine) files="tests/test_cuda_engine.py tests/test_cuda_graphs.py" cap=240 reserve=75 ;;
     *) files="tests/test_quants.py" cap=60 reserve=60 ;;
   esac

@@ -3,7 +3,11 @@
 // tests can compare each op with the CPU reference. All release the GIL around the device work.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +42,21 @@ void need_2d(const F32Array& a, const char* what, int64_t cols = -1) {
 
 py::array_t<float> new_2d(int64_t rows, int64_t cols) {
     return py::array_t<float>({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+}
+
+// A new C-contiguous float32 array with a's shape and values (the in-place ops run on it).
+py::array_t<float> copy_of(const F32Array& a) {
+    py::array_t<float> c(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+    std::copy(a.data(), a.data() + a.size(), c.mutable_data());
+    return c;
+}
+
+// Token t's state slot: slots[t], or 0 for every token when slots is None (as the CPU bindings).
+std::vector<int32_t> slot_list(const std::optional<I32Array>& slots, int64_t n_tokens) {
+    if (!slots) return std::vector<int32_t>(static_cast<size_t>(n_tokens), 0);
+    if (slots->ndim() != 1 || slots->shape(0) != n_tokens)
+        throw bonsai::Error("slots must be a 1-D int32 array with one slot per token");
+    return std::vector<int32_t>(slots->data(), slots->data() + n_tokens);
 }
 
 }  // namespace
@@ -157,6 +176,103 @@ void bind_cuda(py::module_& m) {
        py::arg("n_head_kv") = 1, py::arg("scale") = 1.0f, py::arg("flash") = false,
        "Causal attention over a cache built from k / v rows (stored as type_k / type_v on the device); "
        "flash=True runs the flash kernel (tiles, GQA sharing, split cells for few queries).");
+    m.def("cuda_gdn_conv1d_silu", [](const F32Array& x, const F32Array& w_t, const F32Array& state,
+                                     std::optional<I32Array> slots) {
+        need_2d(x, "x");
+        need_2d(w_t, "w_t", x.shape(1));
+        const int64_t n = x.shape(0), n_ch = x.shape(1), kernel = w_t.shape(0);
+        if (state.ndim() != 3 || state.shape(1) != kernel - 1 || state.shape(2) != n_ch)
+            throw bonsai::Error("state must be a float32 array (n_slots, kernel - 1, n_ch)");
+        const std::vector<int32_t> sl = slot_list(slots, n);
+        auto out = copy_of(x);
+        auto st = copy_of(state);
+        float* op = out.mutable_data();
+        float* sp = st.mutable_data();
+        const int64_t n_slots = state.shape(0);
+        {
+            py::gil_scoped_release release;
+            bonsai::cuda_gdn_conv1d_silu_host(op, n, n_ch, w_t.data(), kernel, sp, n_slots, sl.data());
+        }
+        return py::make_tuple(out, st);
+    }, py::arg("x"), py::arg("w_t"), py::arg("state"), py::arg("slots") = py::none(),
+       "The CUDA twin of _core.gdn_conv1d_silu: causal conv1d + SiLU of x (n_tokens, n_ch) with taps w_t "
+       "(kernel, n_ch); token t uses slot slots[t] (default 0) of state (n_slots, kernel - 1, n_ch). Returns "
+       "(out, new state).");
+    m.def("cuda_l2_norm_rows", [](const F32Array& x, float eps) {
+        need_2d(x, "x");
+        auto y = copy_of(x);
+        float* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        bonsai::cuda_l2_norm_rows_host(yp, x.shape(0), x.shape(1), eps);
+        return y;
+    }, py::arg("x"), py::arg("eps") = 1e-6f);
+    m.def("cuda_gdn_gates", [](const F32Array& alpha, const F32Array& beta_logit, const F32Array& dt_bias,
+                               const F32Array& ssm_a) {
+        need_2d(alpha, "alpha");
+        need_2d(beta_logit, "beta", alpha.shape(1));
+        const int64_t n = alpha.shape(0), h = alpha.shape(1);
+        if (beta_logit.shape(0) != n || dt_bias.ndim() != 1 || dt_bias.shape(0) != h || ssm_a.ndim() != 1 ||
+            ssm_a.shape(0) != h)
+            throw bonsai::Error("cuda_gdn_gates: alpha, beta (n_tokens, n_heads), dt_bias, ssm_a (n_heads)");
+        auto g = copy_of(alpha);
+        auto beta = copy_of(beta_logit);
+        float* gp = g.mutable_data();
+        float* bp = beta.mutable_data();
+        {
+            py::gil_scoped_release release;
+            bonsai::cuda_gdn_gates_host(gp, bp, dt_bias.data(), ssm_a.data(), n, h);
+        }
+        return py::make_tuple(g, beta);
+    }, py::arg("alpha"), py::arg("beta"), py::arg("dt_bias"), py::arg("ssm_a"),
+       "(g, beta) = (ssm_a * softplus(alpha + dt_bias), sigmoid(beta)) on the device.");
+    m.def("cuda_gated_delta_rule", [](const F32Array& qkv, const F32Array& g, const F32Array& beta,
+                                      const F32Array& state, int64_t n_k_heads, int64_t n_v_heads, int64_t dk,
+                                      int64_t dv, std::optional<I32Array> slots) {
+        need_2d(qkv, "qkv");
+        need_2d(g, "g", n_v_heads);
+        need_2d(beta, "beta", n_v_heads);
+        const int64_t n = qkv.shape(0);
+        if (g.shape(0) != n || beta.shape(0) != n) throw bonsai::Error("g and beta must have one row per token");
+        if (state.ndim() != 4 || state.shape(1) != n_v_heads || state.shape(2) != dv || state.shape(3) != dk)
+            throw bonsai::Error("state must be a float32 array (n_slots, n_v_heads, dv, dk)");
+        const std::vector<int32_t> sl = slot_list(slots, n);
+        auto out = new_2d(n, n_v_heads * dv);
+        auto st = copy_of(state);
+        float* op = out.mutable_data();
+        float* sp = st.mutable_data();
+        const int64_t n_slots = state.shape(0), stride = qkv.shape(1);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(dk));  // as the CPU binding
+        {
+            py::gil_scoped_release release;
+            bonsai::cuda_gated_delta_rule_host(qkv.data(), n, stride, g.data(), beta.data(), n_k_heads, n_v_heads, dk,
+                                               dv, scale, sp, n_slots, sl.data(), op);
+        }
+        return py::make_tuple(out, st);
+    }, py::arg("qkv"), py::arg("g"), py::arg("beta"), py::arg("state"), py::arg("n_k_heads"), py::arg("n_v_heads"),
+       py::arg("dk"), py::arg("dv"), py::arg("slots") = py::none(),
+       "The CUDA gated delta rule of _core.gated_delta_rule's arguments over qkv (n_tokens, >= 2*n_k_heads*dk + "
+       "n_v_heads*dv: q | k | v), g and beta (n_tokens, n_v_heads); token t updates slot slots[t] (default 0) of "
+       "state (n_slots, n_v_heads, dv, dk). Returns (out (n_tokens, n_v_heads*dv), new state).");
+    m.def("cuda_rms_norm_gated", [](const F32Array& o, const F32Array& w, const F32Array& z, float eps) {
+        need_2d(o, "o");
+        need_2d(z, "z", o.shape(1));
+        if (z.shape(0) != o.shape(0) || w.ndim() != 1 || w.shape(0) != o.shape(1))
+            throw bonsai::Error("cuda_rms_norm_gated: z must match o and w hold o.shape[1] values");
+        auto y = copy_of(o);
+        float* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        bonsai::cuda_rms_norm_gated_host(yp, w.data(), z.data(), o.shape(0), o.shape(1), eps);
+        return y;
+    }, py::arg("o"), py::arg("w"), py::arg("z"), py::arg("eps"));
+    m.def("cuda_sigmoid_mul", [](const F32Array& x, const F32Array& gate) {
+        if (gate.size() != x.size()) throw bonsai::Error("x and gate differ in size");
+        py::array_t<float> y(x.size());  // flattened, as the CPU binding
+        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+        float* yp = y.mutable_data();
+        py::gil_scoped_release release;
+        bonsai::cuda_sigmoid_mul_host(yp, gate.data(), x.size());
+        return y;
+    }, py::arg("x"), py::arg("gate"));
 #else
     (void)m;
 #endif

@@ -1,6 +1,7 @@
 // Host-memory wrappers of the CUDA ops (see bonsai/cuda/host_ops.h): copy in, run, copy out.
 // Temporary device buffers are RAII so an exception frees them.
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,135 @@ void cuda_attention_host(const float* q, int64_t n_tokens, const int32_t* pos, c
     }
     cuda::attention(a);
     to_host(out, dout, static_cast<size_t>(n_tokens * nq));
+}
+
+namespace {
+
+// Slot padding of the device copies of the GDN states (see host_ops.h). The padding is filled with
+// all-ones bytes (a NaN) and checked on the way back, so a kernel that writes past a slot fails.
+constexpr int64_t kSlotPad = 8;
+
+void check_slots(const char* op, const int32_t* slots, int64_t n_tokens, int64_t n_slots) {
+    if (n_tokens > 0 && (!slots || n_slots <= 0)) throw Error(std::string(op) + ": no state slots");
+    for (int64_t t = 0; t < n_tokens; ++t)
+        if (slots[t] < 0 || slots[t] >= n_slots)
+            throw Error(std::string(op) + ": slot " + std::to_string(slots[t]) + " is outside [0, " +
+                        std::to_string(n_slots) + ")");
+}
+
+// n_slots states of `size` floats each, copied into device slots of size + kSlotPad floats.
+Buf states_to_device(const float* states, int64_t n_slots, int64_t size) {
+    const size_t bytes = sizeof(float) * static_cast<size_t>((size + kSlotPad) * n_slots);
+    Buf b(bytes);
+    cuda::check(cudaMemset(b.as<void>(), 0xff, bytes), "cudaMemset (state slots)");
+    if (size == 0) return b;  // kernel 1: no conv state
+    cuda::check(cudaMemcpy2D(b.as<void>(), sizeof(float) * (size + kSlotPad), states, sizeof(float) * size,
+                             sizeof(float) * size, n_slots, cudaMemcpyHostToDevice),
+                "copy of the state slots to the device");
+    return b;
+}
+
+void states_to_host(const char* op, float* states, const Buf& b, int64_t n_slots, int64_t size) {
+    const int64_t stride = size + kSlotPad;
+    std::vector<uint32_t> all(static_cast<size_t>(stride * n_slots));
+    to_host(all.data(), b, all.size());
+    for (int64_t s = 0; s < n_slots; ++s) {
+        for (int64_t i = size; i < stride; ++i)
+            if (all[s * stride + i] != 0xffffffffu)
+                throw Error(std::string(op) + ": the kernel wrote past the state of slot " + std::to_string(s));
+        if (size > 0) std::memcpy(states + s * size, all.data() + s * stride, sizeof(float) * size);
+    }
+}
+
+}  // namespace
+
+void cuda_gdn_conv1d_silu_host(float* x, int64_t n_tokens, int64_t n_ch, const float* w_t, int64_t kernel,
+                               float* states, int64_t n_slots, const int32_t* slots) {
+    if (n_ch <= 0 || kernel < 1) throw Error("cuda_gdn_conv1d_silu: invalid arguments");
+    check_slots("cuda_gdn_conv1d_silu", slots, n_tokens, n_slots);
+    if (n_tokens <= 0) return;
+    const int64_t size = (kernel - 1) * n_ch;
+    Buf dx = to_device(x, static_cast<size_t>(n_tokens * n_ch));
+    Buf dw = to_device(w_t, static_cast<size_t>(kernel * n_ch));
+    Buf dslots = to_device(slots, static_cast<size_t>(n_tokens));
+    Buf dst = states_to_device(states, n_slots, size);
+    cuda::gdn_conv1d_silu(dx.as<float>(), n_tokens, n_ch, dw.as<float>(), kernel,
+                          cuda::SlotStates{dst.as<float>(), dslots.as<int32_t>(), size + kSlotPad});
+    to_host(x, dx, static_cast<size_t>(n_tokens * n_ch));
+    states_to_host("cuda_gdn_conv1d_silu", states, dst, n_slots, size);
+}
+
+void cuda_l2_norm_rows_host(float* x, int64_t n_rows, int64_t n, float eps) {
+    if (n <= 0) throw Error("cuda_l2_norm_rows: invalid arguments");
+    if (n_rows <= 0) return;
+    Buf dx = to_device(x, static_cast<size_t>(n_rows * n));
+    cuda::l2_norm_rows(dx.as<float>(), n_rows, n, eps);
+    to_host(x, dx, static_cast<size_t>(n_rows * n));
+}
+
+void cuda_gdn_gates_host(float* alpha_to_g, float* beta, const float* dt_bias, const float* ssm_a, int64_t n_tokens,
+                         int64_t n_heads) {
+    if (n_heads <= 0) throw Error("cuda_gdn_gates: invalid arguments");
+    if (n_tokens <= 0) return;
+    const size_t total = static_cast<size_t>(n_tokens * n_heads);
+    Buf da = to_device(alpha_to_g, total);
+    Buf db = to_device(beta, total);
+    Buf dbias = to_device(dt_bias, static_cast<size_t>(n_heads));
+    Buf dssm = to_device(ssm_a, static_cast<size_t>(n_heads));
+    cuda::gdn_gates(da.as<float>(), db.as<float>(), dbias.as<float>(), dssm.as<float>(), n_tokens, n_heads);
+    to_host(alpha_to_g, da, total);
+    to_host(beta, db, total);
+}
+
+void cuda_gated_delta_rule_host(const float* qkv, int64_t n_tokens, int64_t qkv_stride, const float* g,
+                                const float* beta, int64_t n_k_heads, int64_t n_v_heads, int64_t dk, int64_t dv,
+                                float scale, float* states, int64_t n_slots, const int32_t* slots, float* out) {
+    if (n_k_heads <= 0 || n_v_heads <= 0 || n_v_heads % n_k_heads != 0 || dk <= 0 || dv <= 0 ||
+        qkv_stride < 2 * n_k_heads * dk + n_v_heads * dv)
+        throw Error("cuda_gated_delta_rule: invalid arguments");
+    check_slots("cuda_gated_delta_rule", slots, n_tokens, n_slots);
+    if (n_tokens <= 0) return;
+    const int64_t size = n_v_heads * dv * dk;
+    Buf dqkv = to_device(qkv, static_cast<size_t>(n_tokens * qkv_stride));
+    Buf dg = to_device(g, static_cast<size_t>(n_tokens * n_v_heads));
+    Buf db = to_device(beta, static_cast<size_t>(n_tokens * n_v_heads));
+    Buf dslots = to_device(slots, static_cast<size_t>(n_tokens));
+    Buf dst = states_to_device(states, n_slots, size);
+    Buf dout(sizeof(float) * n_tokens * n_v_heads * dv);
+    cuda::DeltaRuleDev a;
+    a.qkv = dqkv.as<float>();
+    a.qkv_stride = qkv_stride;
+    a.g = dg.as<float>();
+    a.beta = db.as<float>();
+    a.n_tokens = n_tokens;
+    a.n_k_heads = n_k_heads;
+    a.n_v_heads = n_v_heads;
+    a.dk = dk;
+    a.dv = dv;
+    a.scale = scale;
+    a.states = cuda::SlotStates{dst.as<float>(), dslots.as<int32_t>(), size + kSlotPad};
+    a.out = dout.as<float>();
+    cuda::gated_delta_rule(a);
+    to_host(out, dout, static_cast<size_t>(n_tokens * n_v_heads * dv));
+    states_to_host("cuda_gated_delta_rule", states, dst, n_slots, size);
+}
+
+void cuda_rms_norm_gated_host(float* o, const float* w, const float* z, int64_t n_rows, int64_t n, float eps) {
+    if (n <= 0) throw Error("cuda_rms_norm_gated: invalid arguments");
+    if (n_rows <= 0) return;
+    Buf d_o = to_device(o, static_cast<size_t>(n_rows * n));
+    Buf dw = to_device(w, static_cast<size_t>(n));
+    Buf dz = to_device(z, static_cast<size_t>(n_rows * n));
+    cuda::rms_norm_gated(d_o.as<float>(), dw.as<float>(), dz.as<float>(), n_rows, n, eps);
+    to_host(o, d_o, static_cast<size_t>(n_rows * n));
+}
+
+void cuda_sigmoid_mul_host(float* x, const float* gate, int64_t n) {
+    if (n <= 0) return;
+    Buf dx = to_device(x, static_cast<size_t>(n));
+    Buf dg = to_device(gate, static_cast<size_t>(n));
+    cuda::sigmoid_mul(dx.as<float>(), dg.as<float>(), n);
+    to_host(x, dx, static_cast<size_t>(n));
 }
 
 double cuda_copy_bandwidth(uint64_t bytes, int iters) {

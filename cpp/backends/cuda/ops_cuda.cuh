@@ -1,8 +1,8 @@
 // The CUDA twins of the engine's ops, on device pointers (one file per op, same basename as the
 // CPU backend: act_quant.cu, matmul.cu, norm.cu, rope.cu, activation.cu, attention.cu, get_rows.cu,
-// kv_cache.cu). Each entry validates its arguments, launches on cuda::stream() (cuda_common.cuh:
-// the default stream or the stream of a StreamScope) and checks the launch, without any
-// synchronizing call, so that a step can be captured into a CUDA graph.
+// kv_cache.cu, gated_delta.cu). Each entry validates its arguments, launches on cuda::stream()
+// (cuda_common.cuh: the default stream or the stream of a StreamScope) and checks the launch,
+// without any synchronizing call, so that a step can be captured into a CUDA graph.
 //
 // Activations are row-major float32 [n_tokens, n], as on the CPU.
 #pragma once
@@ -123,5 +123,40 @@ int64_t flash_partial_floats(int64_t head_dim);
 
 // get_rows.cu: out[i*cols + k] = W[ids[i], k] dequantized (ids on the device, already checked).
 void get_rows(const DeviceMatrix& w, const int32_t* ids, int64_t n, float* out);
+
+// gated_delta.cu: qwen35's Gated DeltaNet ops, twins of bonsai/gated_delta.h's (same semantics and
+// layouts).
+// The recurrent state of token t's sequence is at base + slots[t] * stride (floats), slots a device
+// int32 array of n_tokens entries; tokens of one slot update it in batch order.
+struct SlotStates {
+    float* base = nullptr;
+    const int32_t* slots = nullptr;  // [n_tokens] device int32
+    int64_t stride = 0;              // floats from one slot's state to the next
+};
+// In place over x [n_tokens, n_ch]; w_t [kernel][n_ch]; each slot's state [kernel-1][n_ch].
+void gdn_conv1d_silu(float* x, int64_t n_tokens, int64_t n_ch, const float* w_t, int64_t kernel,
+                     const SlotStates& states);
+// x[r] /= sqrt(sum(x[r]^2) + eps) for n_rows contiguous rows of n.
+void l2_norm_rows(float* x, int64_t n_rows, int64_t n, float eps);
+// alpha_to_g <- ssm_a[h] * softplus(alpha + dt_bias[h]), beta <- sigmoid(beta), [n_tokens, n_heads].
+void gdn_gates(float* alpha_to_g, float* beta, const float* dt_bias, const float* ssm_a, int64_t n_tokens,
+               int64_t n_heads);
+// The gated delta rule (bonsai/gated_delta.h DeltaRuleArgs); each slot's state is [n_v_heads][dv][dk], V head h
+// reads K head h % n_k_heads; q and k already L2-normalized. 2 * dk floats must fit 48 KB.
+struct DeltaRuleDev {
+    const float* qkv = nullptr;  // [n_tokens, qkv_stride]: q (n_k_heads*dk) | k (n_k_heads*dk) | v (n_v_heads*dv)
+    int64_t qkv_stride = 0;
+    const float* g = nullptr;     // [n_tokens, n_v_heads]
+    const float* beta = nullptr;  // [n_tokens, n_v_heads]
+    int64_t n_tokens = 0, n_k_heads = 0, n_v_heads = 0, dk = 0, dv = 0;
+    float scale = 1.0f;           // 1 / sqrt(dk)
+    SlotStates states;
+    float* out = nullptr;         // [n_tokens, n_v_heads * dv]
+};
+void gated_delta_rule(const DeltaRuleDev& a);
+// o[r] = rms_norm(o[r]) * w * silu(z[r]) in place, n_rows rows of n, w [n].
+void rms_norm_gated(float* o, const float* w, const float* z, int64_t n_rows, int64_t n, float eps);
+// x *= sigmoid(gate) over n values.
+void sigmoid_mul(float* x, const float* gate, int64_t n);
 
 }  // namespace bonsai::cuda

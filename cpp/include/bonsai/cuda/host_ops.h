@@ -35,6 +35,23 @@ void cuda_attention_host(const float* q, int64_t n_tokens, const int32_t* pos, c
                          const uint64_t* cell_seq, GgmlType type_k, GgmlType type_v, int64_t n_head,
                          int64_t n_head_kv, int64_t head_dim, float scale, bool flash, float* out);
 
+// qwen35's Gated DeltaNet ops (gated_delta.cu), in place like the CPU ops of bonsai/gated_delta.h. The
+// recurrent states are n_slots host slots (conv: [kernel-1][n_ch] each; delta rule: [n_v_heads][dv][dk]
+// each), token t using slot slots[t] (checked against n_slots); on the device the slots lie a few
+// floats further apart than their size, so the kernels' slot stride is exercised, and a write into
+// that padding throws.
+void cuda_gdn_conv1d_silu_host(float* x, int64_t n_tokens, int64_t n_ch, const float* w_t, int64_t kernel,
+                               float* states, int64_t n_slots, const int32_t* slots);
+void cuda_l2_norm_rows_host(float* x, int64_t n_rows, int64_t n, float eps);
+void cuda_gdn_gates_host(float* alpha_to_g, float* beta, const float* dt_bias, const float* ssm_a, int64_t n_tokens,
+                         int64_t n_heads);
+// qkv [n_tokens, qkv_stride], g and beta [n_tokens, n_v_heads], out [n_tokens, n_v_heads * dv].
+void cuda_gated_delta_rule_host(const float* qkv, int64_t n_tokens, int64_t qkv_stride, const float* g,
+                                const float* beta, int64_t n_k_heads, int64_t n_v_heads, int64_t dk, int64_t dv,
+                                float scale, float* states, int64_t n_slots, const int32_t* slots, float* out);
+void cuda_rms_norm_gated_host(float* o, const float* w, const float* z, int64_t n_rows, int64_t n, float eps);
+void cuda_sigmoid_mul_host(float* x, const float* gate, int64_t n);
+
 // Device memory bandwidth probe: copies a device buffer of `bytes` to another `iters` times
 // (after one untimed copy) and returns the bytes read + written per second (2 * bytes * iters /
 // wall time between two device synchronizations): the roofline figure of the GPU benchmark.
