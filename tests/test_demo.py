@@ -94,6 +94,8 @@ def test_demo_tiny_without_cache_does_not_point_at_its_removed_directory(tmp_pat
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = p.stdout[p.stdout.index("demo finished"):]
     assert "--cache DIR to keep them" in summary
-    assert list(tmp_path.iterdir()) == []  # the temporary directory really is gone
+    # the temporary directory really is gone; torchinductor_<user> is torch's own cache directory,
+    # which torch creates in TMPDIR when transformers imports torch._dynamo (not a demo file)
+    assert [p for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == []
     for path in re.findall(re.escape(str(tmp_path)) + r"\S*", summary):
         assert os.path.exists(path.rstrip(".;,")), f"the summary names {path}, which does not exist"
