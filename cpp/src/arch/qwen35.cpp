@@ -158,7 +158,9 @@ void gated_delta_net(const Model& m, const LayerWeights& w, int64_t il, ForwardS
         delta[t] = st.rs->delta(seq, sl);
     }
     gdn_conv1d_silu(st.qkv, n, conv_dim, w.conv_w_t.data(), hp.ssm_conv_kernel, conv.data(), *st.pool);
-    for (int64_t t = 0; t < n; ++t) l2_norm_rows(st.qkv + t * conv_dim, 2 * hp.ssm_n_k_heads, hp.ssm_dk, 1e-6f);
+    st.pool->parallel_for(n, [&](int64_t t0, int64_t t1, int) {  // the q | k heads of each token
+        for (int64_t t = t0; t < t1; ++t) l2_norm_rows(st.qkv + t * conv_dim, 2 * hp.ssm_n_k_heads, hp.ssm_dk, 1e-6f);
+    });
     gdn_gates(st.alpha, st.beta, w.dt_bias.data(), w.ssm_a.data(), n, hv);
 
     DeltaRuleArgs a;
@@ -175,7 +177,10 @@ void gated_delta_net(const Model& m, const LayerWeights& w, int64_t il, ForwardS
     a.state = delta.data();
     a.out = st.o;
     gated_delta_rule(a, *st.pool);
-    rms_norm_gated(st.o, w.ssm_norm.data(), st.z, n * hv, hp.ssm_dv, hp.rms_eps);
+    const int64_t dv = hp.ssm_dv;
+    st.pool->parallel_for(n * hv, [&](int64_t r0, int64_t r1, int) {  // one row per token and V head
+        rms_norm_gated(st.o + r0 * dv, w.ssm_norm.data(), st.z + r0 * dv, r1 - r0, dv, hp.rms_eps);
+    });
     if (w.r_ssm_out.active() && m.hadamard().gdn_v_grouped) tiled_to_grouped(hp, st.o, n);
     matmul_one(w.w_ssm_out, w.r_ssm_out, st.o, n, st.cur, st);
     add_inplace(st.x, st.cur, n * hp.n_embd);
