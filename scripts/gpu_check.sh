@@ -85,7 +85,7 @@ tail -1 "$summary"
 for f in ops engine quants; do
   case $f in
     ops) files="tests/test_cuda_ops.py tests/test_cuda_flash.py tests/test_cuda_gdn_ops.py" cap=120 reserve=150 ;;
-    engine) files="tests/test_cuda_engine.py tests/test_cuda_graphs.py" cap=240 reserve=75 ;;
+    engine) files="tests/test_cuda_engine.py tests/test_cuda_graphs.py tests/test_cuda_qwen35.py" cap=240 reserve=75 ;;
     *) files="tests/test_quants.py" cap=60 reserve=60 ;;
   esac
   # shellcheck disable=SC2086

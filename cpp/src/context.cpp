@@ -29,6 +29,7 @@ namespace {
 // The device figures of a context (planned or allocated) into its memory report.
 void add_gpu_memory(ContextMemory& m, const GpuContextMemory& g) {
     m.gpu_kv_bytes = g.kv_bytes;
+    m.gpu_recurrent_bytes = g.recurrent_bytes;
     m.gpu_compute_bytes = g.compute_bytes;
     m.gpu_logits_bytes = g.logits_bytes;
     m.gpu_allocated_bytes = g.allocated_bytes;
@@ -101,7 +102,7 @@ KvCacheParams kv_params(const Model& m, const ContextParams& p) {
     KvCacheParams k;
     k.n_cells = p.n_ctx;
     k.n_layer = hp.kv_layer.empty() ? hp.n_layer : hp.n_kv_layer;  // hybrid models: attention layers only
-    k.first_layer = m.n_gpu_layers();
+    k.first_layer = hp.kv_layer.empty() ? m.n_gpu_layers() : hp.kv_layers_below(m.n_gpu_layers());
     k.n_embd_kv = hp.n_embd_kv();
     k.head_dim = hp.head_dim;
     k.type_k = p.type_k;
@@ -120,7 +121,8 @@ ContextMemory Context::plan_memory(const Model& model, const ContextParams& para
     m.compute_bytes = compute_layout(hp, nb, params.n_ctx, resolve_threads(params.n_threads), model.gpu_output())
                           .total * sizeof(float);
     m.logits_bytes = static_cast<uint64_t>(params.n_seq_max) * hp.n_vocab * sizeof(float);
-    if (hp.n_state_layer > 0) m.recurrent_bytes = RecurrentState::bytes_needed(hp, params.n_seq_max);
+    if (hp.n_state_layer > 0)
+        m.recurrent_bytes = RecurrentState::bytes_needed(hp, params.n_seq_max, hp.state_layers_below(model.n_gpu_layers()));
 #ifdef BONSAI_CUDA
     if (model.n_gpu_layers() > 0) {
         ContextParams p = params;
@@ -161,7 +163,12 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams& params
     const int n_threads = resolve_threads(params_.n_threads);
     pool_ = std::make_unique<ThreadPool>(n_threads);
     kv_ = std::make_unique<KvCache>(kv_params(*model_, params_));
-    if (model_->hparams().n_state_layer > 0) rs_ = std::make_unique<RecurrentState>(model_->hparams(), params_.n_seq_max);
+    // the host state holds the CPU layers' part (all of it without GPU layers); the device state the
+    // offloaded layers' part (gpu_context.cu); every operation goes to both (state_* below)
+    if (model_->hparams().n_state_layer > 0) {
+        const Hparams& hp = model_->hparams();
+        rs_ = std::make_unique<RecurrentState>(hp, params_.n_seq_max, hp.state_layers_below(model_->n_gpu_layers()));
+    }
     const ComputeLayout l =
         compute_layout(model_->hparams(), params_.n_batch, params_.n_ctx, n_threads, model_->gpu_output());
     compute_.assign(l.total, 0.0f);
@@ -277,14 +284,14 @@ void Context::decode(const Batch& batch) {
             }
         };
         run_range(0, n_first);
-        for (const auto& [seq, p] : checkpoints) rs_->save_checkpoint(seq, p);
+        for (const auto& [seq, p] : checkpoints) state_save_checkpoint(seq, p);
         run_range(n_first, n);
     } catch (...) {
         for (size_t j = 0; j < claimed; ++j) kv_->claim(run_cells[j], -1, 0);
         if (rs_) {  // the state has absorbed part of the batch: those sequences start over
             for (size_t i = 0; i < n; ++i) {
                 kv_->seq_rm(batch.seq_id[i], -1, -1);
-                rs_->reset(batch.seq_id[i]);
+                state_reset(batch.seq_id[i]);
             }
         }
         n_outputs_ = 0;
@@ -387,8 +394,43 @@ void Context::apply_recurrent_rm(int seq, int32_t p0, int32_t p1) {
     const int32_t pos_max = kv_->seq_pos_max(seq);
     const int32_t from = std::max<int32_t>(p0, 0);
     if (from > pos_max || (p1 >= 0 && p1 <= from)) return;
-    if (from == 0) rs_->reset(seq);
-    else rs_->restore_checkpoint(seq);
+    if (from == 0) state_reset(seq);
+    else state_restore_checkpoint(seq);
+}
+
+void Context::state_reset(int seq) {
+    rs_->reset(seq);
+#ifdef BONSAI_CUDA
+    if (gpu_) gpu_state_reset(*gpu_, seq);
+#endif
+}
+
+void Context::state_copy(int src, int dst) {
+    rs_->copy(src, dst);
+#ifdef BONSAI_CUDA
+    if (gpu_) gpu_state_copy(*gpu_, src, dst);
+#endif
+}
+
+void Context::state_save_checkpoint(int seq, int32_t pos) {
+    rs_->save_checkpoint(seq, pos);
+#ifdef BONSAI_CUDA
+    if (gpu_) gpu_state_save_checkpoint(*gpu_, seq);
+#endif
+}
+
+void Context::state_restore_checkpoint(int seq) {
+    rs_->restore_checkpoint(seq);
+#ifdef BONSAI_CUDA
+    if (gpu_) gpu_state_restore_checkpoint(*gpu_, seq);
+#endif
+}
+
+void Context::state_load_checkpoint_of(int src, int dst) {
+    rs_->load_checkpoint_of(src, dst);
+#ifdef BONSAI_CUDA
+    if (gpu_) gpu_state_load_checkpoint_of(*gpu_, src, dst);
+#endif
 }
 
 void Context::seq_rm(int seq, int32_t p0, int32_t p1) {
@@ -413,9 +455,9 @@ void Context::seq_cp(int src, int dst, int32_t p0, int32_t p1) {
         const bool from_start = p0 <= 0;
         const int32_t ckpt = rs_->checkpoint_pos(src);
         if (from_start && (p1 < 0 || p1 > pos_max)) {
-            rs_->copy(src, dst);
+            state_copy(src, dst);
         } else if (from_start && ckpt >= 0 && p1 == ckpt + 1) {
-            rs_->load_checkpoint_of(src, dst);
+            state_load_checkpoint_of(src, dst);
         } else {
             throw Error("seq_cp: this recurrent (" + model_->hparams().arch + ") model can copy sequence " +
                         std::to_string(src) + " whole or up to its checkpoint (" + std::to_string(ckpt + 1) +
@@ -429,7 +471,7 @@ void Context::seq_cp(int src, int dst, int32_t p0, int32_t p1) {
 void Context::seq_keep(int seq) {
     check_seq(seq, "seq_keep");
     if (rs_) {
-        for (int s = 0; s < params_.n_seq_max; ++s) if (s != seq) rs_->reset(s);
+        for (int s = 0; s < params_.n_seq_max; ++s) if (s != seq) state_reset(s);
     }
     kv_->seq_keep(seq);
 }
@@ -437,7 +479,7 @@ void Context::seq_keep(int seq) {
 void Context::clear() {
     kv_->clear();
     if (rs_) {
-        for (int s = 0; s < params_.n_seq_max; ++s) rs_->reset(s);
+        for (int s = 0; s < params_.n_seq_max; ++s) state_reset(s);
     }
     n_outputs_ = 0;
     out_index_.clear();

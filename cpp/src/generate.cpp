@@ -197,7 +197,7 @@ void print_load_report(const Model& m, const Context& ctx, const RunOptions& o) 
     }
     std::fprintf(stderr, "threads: %d, batch size %d%s%s\n", ctx.n_threads(), ctx.params().n_batch,
                  ctx.params().flash_attn ? ", flash attention" : "",
-                 mm.n_gpu_layers > 0 && ctx.params().cuda_graph ? ", CUDA graphs" : "");
+                 mm.n_gpu_layers > 0 && ctx.params().cuda_graph && !ctx.recurrent() ? ", CUDA graphs" : "");
 }
 
 namespace {

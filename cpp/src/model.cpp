@@ -233,11 +233,6 @@ void Model::offload(const ModelParams& params) {
     const int64_t want = params.n_gpu_layers < 0 || params.n_gpu_layers > hp_.n_layer ? hp_.n_layer
                                                                                        : params.n_gpu_layers;
     if (want == 0) return;
-    if (!hp_.recurrent.empty()) {  // the GPU path has no Gated DeltaNet layers yet
-        std::fprintf(stderr, "note: the %s architecture runs on the CPU only in this version; n_gpu_layers = %d is "
-                     "ignored\n", hp_.arch.c_str(), params.n_gpu_layers);
-        return;
-    }
 #ifdef BONSAI_CUDA
     if (cuda_device_count() == 0) {
         if (params.n_gpu_layers > 0)

@@ -7,19 +7,20 @@ namespace bonsai {
 
 namespace {
 
-size_t floats_per_seq(const Hparams& hp) {
-    return static_cast<size_t>(hp.n_state_layer) * (hp.conv_state_floats() + hp.delta_state_floats());
+size_t floats_per_seq(const Hparams& hp, int64_t first_layer) {
+    return static_cast<size_t>(hp.n_state_layer - first_layer) * (hp.conv_state_floats() + hp.delta_state_floats());
 }
 
 }  // namespace
 
-RecurrentState::RecurrentState(const Hparams& hp, int n_seq)
-    : n_layer_(hp.n_state_layer), conv_floats_(hp.conv_state_floats()), delta_floats_(hp.delta_state_floats()),
-      per_seq_(floats_per_seq(hp)), live_(per_seq_ * n_seq, 0.0f), ckpt_(per_seq_ * n_seq, 0.0f),
+RecurrentState::RecurrentState(const Hparams& hp, int n_seq, int64_t first_layer)
+    : first_(first_layer), n_layer_(hp.n_state_layer - first_layer), conv_floats_(hp.conv_state_floats()),
+      delta_floats_(hp.delta_state_floats()), per_seq_(floats_per_seq(hp, first_layer)),
+      live_(per_seq_ * n_seq, 0.0f), ckpt_(per_seq_ * n_seq, 0.0f),
       ckpt_pos_(n_seq, -1) {}
 
-uint64_t RecurrentState::bytes_needed(const Hparams& hp, int n_seq) {
-    return 2ull * floats_per_seq(hp) * static_cast<uint64_t>(n_seq) * sizeof(float);
+uint64_t RecurrentState::bytes_needed(const Hparams& hp, int n_seq, int64_t first_layer) {
+    return 2ull * floats_per_seq(hp, first_layer) * static_cast<uint64_t>(n_seq) * sizeof(float);
 }
 
 void RecurrentState::reset(int seq) {

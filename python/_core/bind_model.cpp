@@ -290,6 +290,7 @@ void bind_model(py::module_& m) {
             d["logits_bytes"] = r.logits_bytes;
             d["recurrent_bytes"] = r.recurrent_bytes;
             d["gpu_kv_bytes"] = r.gpu_kv_bytes;
+            d["gpu_recurrent_bytes"] = r.gpu_recurrent_bytes;
             d["gpu_compute_bytes"] = r.gpu_compute_bytes;
             d["gpu_logits_bytes"] = r.gpu_logits_bytes;
             d["gpu_allocated_bytes"] = r.gpu_allocated_bytes;

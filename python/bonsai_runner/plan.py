@@ -31,7 +31,11 @@ aligned pieces: K and V of the GPU layers for n_ctx cells, then float32 x, cur [
 attn [nb, n_embd_q], k, v [nb, n_embd_kv], gate, up [nb, n_ff], rope [nb, n_rot], int8
 activations [nb * max(n_embd, n_embd_q, n_ff)] + scales [nb], token metadata (3 x int32 + uint64
 per token) and cell metadata (int32 + uint64 per cell); with the head on the GPU, logits for
-min(nb, 64) rows. There is no attention score matrix (one-pass online softmax). Runtime overhead
+min(nb, 64) rows. A qwen35 context puts K/V of the offloaded attention blocks only, then the
+recurrent state of the offloaded GDN blocks (per --parallel sequence, live + checkpoint, float32;
+counted in the GPU's recurrent figure, the host keeps the CPU blocks' part), and adds token
+sequence ids, query+gate, gate, qkv, z, alpha, beta and o after the cell metadata; its int8
+activations cover max(n_embd, n_embd_q, n_ff, V heads x dv). There is no attention score matrix (one-pass online softmax). Runtime overhead
 is a fixed allowance (--gpu-overhead, default 512 MiB: CUDA context and kernels). The host keeps
 the KV cells of the CPU blocks only; with every block offloaded its compute buffer is the gathered
 embeddings and the rope table [nb, n_embd + n_rot].
@@ -110,9 +114,13 @@ def kv_bytes(d: ModelDesc, n_cells: int, type_k: str, type_v: str,
     return n_cells * layers * row
 
 
-def recurrent_bytes(d: ModelDesc, n_seq: int) -> int:
-    """RecurrentState::bytes_needed: live state + one checkpoint per sequence, float32."""
-    return 2 * 4 * n_seq * d.recurrent_floats_per_seq
+def recurrent_bytes(d: ModelDesc, n_seq: int, n_layers: int | None = None) -> int:
+    """RecurrentState::bytes_needed: live state + one checkpoint per sequence, float32, for
+    n_layers of the GDN blocks (all by default)."""
+    if not d.n_state_layer:
+        return 0
+    layers = d.n_state_layer if n_layers is None else n_layers
+    return 2 * 4 * n_seq * (d.recurrent_floats_per_seq // d.n_state_layer) * layers
 
 
 def attention_scratch_floats(d: ModelDesc, n_cells: int) -> int:
@@ -150,25 +158,37 @@ def _align(n: int) -> int:
 
 
 def gpu_context_bytes(d: ModelDesc, n_ctx: int, n_batch: int, type_k: str, type_v: str, n_gpu: int,
-                      output: bool, flash_attn: bool = False) -> dict:
-    """The CUDA context allocation (cpp/backends/cuda/gpu_context.cu layout): kv, compute, logits."""
+                      output: bool, flash_attn: bool = False, n_gpu_state: int = 0, n_seq: int = 1) -> dict:
+    """The CUDA context allocation (cpp/backends/cuda/gpu_context.cu layout): kv (n_gpu KV
+    layers), recurrent (n_gpu_state GDN layers, n_seq sequences), compute, logits."""
     nb = min(n_batch, n_ctx)
+    v_dim = d.ssm_n_v_heads * d.ssm_dv
     pieces_kv = [n_gpu * n_ctx * type_info(type_k).row_bytes(d.n_embd_kv),
                  n_gpu * n_ctx * type_info(type_v).row_bytes(d.n_embd_kv)]
+    per_seq = (d.recurrent_floats_per_seq // d.n_state_layer) * n_gpu_state if d.n_state_layer else 0
+    pieces_rs = [4 * n_seq * per_seq] * 2 if per_seq else []
     pieces = [4 * nb * d.n_embd, 4 * nb * d.n_embd, 4 * nb * d.n_embd_q, 4 * nb * d.n_embd_q,
               4 * nb * d.n_embd_kv, 4 * nb * d.n_embd_kv, 4 * nb * d.n_ff, 4 * nb * d.n_ff, 4 * nb * d.n_rot,
-              nb * max(d.n_embd, d.n_embd_q, d.n_ff), 4 * nb, 4 * nb, 4 * nb, 4 * nb, 8 * nb,
+              nb * max(d.n_embd, d.n_embd_q, d.n_ff, v_dim), 4 * nb, 4 * nb, 4 * nb, 4 * nb, 8 * nb,
               4 * n_ctx, 8 * n_ctx, 4]
+    if d.n_state_layer:   # token sequence ids, query+gate, gate, qkv, z, alpha, beta, o
+        pieces += [4 * nb, 4 * nb * 2 * d.n_embd_q, 4 * nb * d.n_embd_q, 4 * nb * d.ssm_conv_dim, 4 * nb * v_dim,
+                   4 * nb * d.ssm_n_v_heads, 4 * nb * d.ssm_n_v_heads, 4 * nb * v_dim]
     if flash_attn:
         pieces.append(4 * GPU_FLASH_PARTIAL_ROWS * (d.head_dim + 2))
     total = 0
-    for i, b in enumerate(pieces_kv + pieces):
+    kv = rs_end = 0
+    for i, b in enumerate(pieces_kv + pieces_rs + pieces):
         total = (_align(total) if i else 0) + b
         if i == len(pieces_kv) - 1:
             kv = total
+        if pieces_rs and i == len(pieces_kv) + len(pieces_rs) - 1:
+            rs_end = _align(total)
+    recurrent = rs_end - kv if pieces_rs else 0
     before_logits = _align(total)
     logits = 4 * min(nb, GPU_LOGITS_ROWS) * d.n_vocab if output else 0
-    return {"kv_bytes": kv, "compute_bytes": before_logits - kv, "logits_bytes": logits}
+    return {"kv_bytes": kv, "recurrent_bytes": recurrent, "compute_bytes": before_logits - kv - recurrent,
+            "logits_bytes": logits}
 
 
 # ----- the plan -----
@@ -244,7 +264,9 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
             head["read_per_token_bytes"] += t.nbytes
     cpu["kv_bytes"] = kv_bytes(d, n_ctx, p.type_k, p.type_v,
                                d.n_kv_layer - d.kv_layers_below(n_gpu))
-    cpu["recurrent_bytes"] = recurrent_bytes(d, p.n_parallel)   # host memory (the live state and
+    n_gpu_state = n_gpu - d.kv_layers_below(n_gpu) if d.n_state_layer else 0
+    cpu["recurrent_bytes"] = recurrent_bytes(d, p.n_parallel,   # host memory (the live state and
+                                             d.n_state_layer - n_gpu_state)
     cpu["read_per_token_bytes"] += cpu["recurrent_bytes"] // 2  # its checkpoint); a step reads one
     cpu["logits_bytes"] = logits_bytes(d, p.n_parallel)
     nb = min(p.n_batch, n_ctx)
@@ -257,8 +279,10 @@ def device_budgets(d: ModelDesc, p: PlanParams, n_ctx: int | None = None) -> dic
     cpu["overhead_items"]["vocabulary (estimate)"] = vocab_text + VOCAB_ENTRY_BYTES * d.n_vocab
     if gpu is not None:
         g = gpu_context_bytes(d, n_ctx, p.n_batch, p.type_k, p.type_v, d.kv_layers_below(n_gpu),
-                              all_on_gpu, p.flash_attn)
+                              all_on_gpu, p.flash_attn, n_gpu_state, p.n_parallel)
         gpu["kv_bytes"] = g["kv_bytes"]
+        gpu["recurrent_bytes"] = g["recurrent_bytes"]
+        gpu["read_per_token_bytes"] += g["recurrent_bytes"] // 2
         gpu["compute_bytes"] = g["compute_bytes"]
         gpu["logits_bytes"] = g["logits_bytes"]
         gpu["overhead_items"]["runtime allowance (estimate)"] = p.gpu_overhead

@@ -19,6 +19,16 @@
 // one crossing per boundary) are copied back outside the graph; heads over more rows than one
 // pass run 64 rows at a time with plain launches. One stream synchronize ends the step and
 // reports any asynchronous fault.
+//
+// qwen35 (cpp/src/arch/qwen35.cpp, the same ops in the same order): a gated attention layer
+// projects query|gate with attn_q (2 n_embd_q rows), splits them per head (two strided copies),
+// norms q and k per head, ropes, stores K/V in the layer's KV slot (Hparams::kv_layer), attends and
+// multiplies by sigmoid(gate) before attn_output; a Gated DeltaNet layer projects qkv, z, alpha,
+// beta from the normed x, runs conv1d + SiLU, the per-head L2 norms of each token's q|k rows (one
+// launch per token: the rows are contiguous only within a token), the gates, the gated delta
+// rule, the gated RMSNorm, the grouped V-head order when a folded ssm_out asks for it, and
+// ssm_out. The recurrent state of token t is its sequence's block (tok_slot[t]) of the context's
+// device state, so a chunk may interleave sequences as on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -100,6 +110,102 @@ void matmul_rotated(const cuda::DeviceMatrix& w, const cuda::GpuRotation& r, flo
     cuda::matmul(w, x, n, y, act, s);
 }
 
+// x += W_down (silu(W_gate h) * W_up h), h = rms_norm(x) * ffn_norm.
+void ffn_swiglu(const Hparams& hp, GpuContext& c, ActMode act, const GpuLayer& L, int64_t n) {
+    normed_matmuls(c, act, L.ffn_norm, hp.rms_eps, n, {{&L.w_gate, c.gate, &L.r_gate}, {&L.w_up, c.up, &L.r_up}});
+    cuda::swiglu(c.gate, c.up, n * hp.n_ff, c.gate);
+    matmul_rotated(L.w_down, L.r_down, c.gate, n, c.cur, act, c.act_scratch);
+    cuda::add_inplace(c.x, c.cur, n * hp.n_embd);
+}
+
+// Rows of `width` floats, `height` of them, from src (rows src_pitch floats apart) to dst (rows
+// dst_pitch floats apart), device to device on the step's stream.
+void copy_rows(float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch, int64_t width, int64_t height,
+               const char* what) {
+    cuda::check(cudaMemcpy2DAsync(dst, sizeof(float) * dst_pitch, src, sizeof(float) * src_pitch,
+                                  sizeof(float) * width, height, cudaMemcpyDeviceToDevice, cuda::stream()),
+                what);
+}
+
+// qwen35 gated attention (qwen35.cpp gated_attention); `a` holds the step's attention arguments.
+void gated_attention(const Hparams& hp, GpuContext& c, ActMode act, const GpuLayer& L, int64_t il, int64_t n,
+                     cuda::AttentionDev& a) {
+    const int64_t hd = hp.head_dim, nq = hp.n_embd_q(), nkv = hp.n_embd_kv();
+    normed_matmuls(c, act, L.attn_norm, hp.rms_eps, n,
+                   {{&L.wq, c.qg, &L.r_q}, {&L.wk, c.kc, &L.r_k}, {&L.wv, c.vc, &L.r_v}});
+    // row (t, h) of qg holds query then gate of head h of token t: 2 hd floats at (t n_head + h) 2 hd
+    copy_rows(c.q, hd, c.qg, 2 * hd, hd, n * hp.n_head, "qwen35 query split");
+    copy_rows(c.qgate, hd, c.qg + hd, 2 * hd, hd, n * hp.n_head, "qwen35 gate split");
+    cuda::rms_norm(c.q, nullptr, L.q_norm, n * hp.n_head, hd, hp.rms_eps, c.q);
+    cuda::rms_norm(c.kc, nullptr, L.k_norm, n * hp.n_head_kv, hd, hp.rms_eps, c.kc);
+    const bool neox = hp.rope_type == RopeType::NEOX;
+    cuda::rope(c.q, n, hp.n_head, hd, hp.n_rot, neox, c.rope);
+    cuda::rope(c.kc, n, hp.n_head_kv, hd, hp.n_rot, neox, c.rope);
+    const int64_t kl = hp.kv_layer[il];  // the offloaded attention layers hold KV slots [0, n_gpu_kv)
+    uint8_t* k_layer = c.k + static_cast<size_t>(kl) * c.n_ctx * c.k_row_bytes;
+    uint8_t* v_layer = c.v + static_cast<size_t>(kl) * c.n_ctx * c.v_row_bytes;
+    cuda::store_kv_rows(c.kc, n, nkv, c.tok_cell, c.type_k, k_layer, c.k_row_bytes);
+    cuda::store_kv_rows(c.vc, n, nkv, c.tok_cell, c.type_v, v_layer, c.v_row_bytes);
+    a.k = k_layer;
+    a.v = v_layer;
+    if (c.flash_attn)
+        cuda::flash_attention(a);
+    else
+        cuda::attention(a);
+    cuda::sigmoid_mul(c.attn, c.qgate, n * nq);
+    matmul_rotated(L.wo, L.r_o, c.attn, n, c.cur, act, c.act_scratch);
+    cuda::add_inplace(c.x, c.cur, n * hp.n_embd);
+}
+
+// qwen35 Gated DeltaNet (qwen35.cpp gated_delta_net) of offloaded layer il.
+void gated_delta_net(const Hparams& hp, const GpuModel& g, GpuContext& c, ActMode act, int64_t il, int64_t n) {
+    const GpuLayer& L = g.layers[il];
+    const int64_t conv_dim = hp.ssm_conv_dim(), hv = hp.ssm_n_v_heads, nk = hp.ssm_n_k_heads;
+    const int64_t dk = hp.ssm_dk, dv = hp.ssm_dv, v_dim = hp.ssm_v_dim();
+    const int64_t sl = hp.state_layer[il];  // < c.rs_n_state: the offloaded GDN layers come first
+    const cuda::GpuRotation none{};
+    normed_matmuls(c, act, L.attn_norm, hp.rms_eps, n,
+                   {{&L.w_qkv, c.qkv, &L.r_qkv}, {&L.w_z, c.z, &L.r_z}, {&L.w_alpha, c.alpha, &none},
+                    {&L.w_beta, c.beta, &none}});
+    cuda::SlotStates conv;
+    conv.base = c.rs_live + sl * c.rs_conv_floats;
+    conv.slots = c.tok_slot;
+    conv.stride = c.rs_per_seq;
+    cuda::gdn_conv1d_silu(c.qkv, n, conv_dim, L.conv_w_t, hp.ssm_conv_kernel, conv);
+    for (int64_t t = 0; t < n; ++t) cuda::l2_norm_rows(c.qkv + t * conv_dim, 2 * nk, dk, 1e-6f);
+    cuda::gdn_gates(c.alpha, c.beta, L.dt_bias, L.ssm_a, n, hv);
+    cuda::DeltaRuleDev d;
+    d.qkv = c.qkv;
+    d.qkv_stride = conv_dim;
+    d.g = c.alpha;
+    d.beta = c.beta;
+    d.n_tokens = n;
+    d.n_k_heads = nk;
+    d.n_v_heads = hv;
+    d.dk = dk;
+    d.dv = dv;
+    d.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    d.states.base = c.rs_live + c.rs_n_state * c.rs_conv_floats + sl * c.rs_delta_floats;
+    d.states.slots = c.tok_slot;
+    d.states.stride = c.rs_per_seq;
+    d.out = c.o;
+    cuda::gated_delta_rule(d);
+    cuda::rms_norm_gated(c.o, L.ssm_norm, c.z, n * hv, dv, hp.rms_eps);
+    float* in = c.o;
+    if (L.r_ssm_out.active() && g.gdn_v_grouped) {
+        // tiled V-head order (head h = r nk + k) to grouped (k rep + r), as qwen35.cpp's
+        // tiled_to_grouped; into z, which rms_norm_gated has consumed
+        const int64_t rep = hv / nk;
+        for (int64_t r = 0; r < rep; ++r)
+            for (int64_t k = 0; k < nk; ++k)
+                copy_rows(c.z + (k * rep + r) * dv, v_dim, c.o + (r * nk + k) * dv, v_dim, dv, n,
+                          "qwen35 grouped V heads");
+        in = c.z;
+    }
+    matmul_rotated(L.w_ssm_out, L.r_ssm_out, in, n, c.cur, act, c.act_scratch);
+    cuda::add_inplace(c.x, c.cur, n * hp.n_embd);
+}
+
 // Enqueues the uploads and the layers of one step of n tokens (and the head when head_rows > 0).
 void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int64_t n_out, int64_t cells,
                   int64_t head_rows) {
@@ -115,6 +221,7 @@ void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int6
     upload(c.cell_pos, h.cell_pos, cells, "cell positions");
     upload(c.cell_seq, h.cell_seq, cells, "cell sequences");
     upload(c.n_used, h.n_used, 1, "used-cell count");
+    if (c.tok_slot) upload(c.tok_slot, h.tok_slot, n, "token sequences");
 
     const cuda::ActScratch& s = c.act_scratch;
     const bool neox = hp.rope_type == RopeType::NEOX;
@@ -141,6 +248,14 @@ void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int6
 
     for (size_t il = 0; il < g.layers.size(); ++il) {
         const GpuLayer& L = g.layers[il];
+        if (hp.attn_output_gate) {  // qwen35
+            if (L.recurrent)
+                gated_delta_net(hp, g, c, act, static_cast<int64_t>(il), n);
+            else
+                gated_attention(hp, c, act, L, static_cast<int64_t>(il), n, a);
+            ffn_swiglu(hp, c, act, L, n);
+            continue;
+        }
         normed_matmuls(c, act, L.attn_norm, hp.rms_eps, n,
                        {{&L.wq, c.q, &L.r_q}, {&L.wk, c.kc, &L.r_k}, {&L.wv, c.vc, &L.r_v}});
         if (L.bq) {
@@ -166,10 +281,7 @@ void enqueue_step(const Hparams& hp, GpuContext& c, ActMode act, int64_t n, int6
             cuda::attention(a);
         matmul_rotated(L.wo, L.r_o, c.attn, n, c.cur, act, s);
         cuda::add_inplace(c.x, c.cur, n * ne);
-        normed_matmuls(c, act, L.ffn_norm, hp.rms_eps, n, {{&L.w_gate, c.gate, &L.r_gate}, {&L.w_up, c.up, &L.r_up}});
-        cuda::swiglu(c.gate, c.up, n * hp.n_ff, c.gate);
-        matmul_rotated(L.w_down, L.r_down, c.gate, n, c.cur, act, s);
-        cuda::add_inplace(c.x, c.cur, n * ne);
+        ffn_swiglu(hp, c, act, L, n);
     }
     if (head_rows > 0) run_head(hp, g, c, act, 0, head_rows);
 }
@@ -205,6 +317,8 @@ int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
     stage(h.cell_pos, kv.cell_pos_data(), n_used);
     stage(h.cell_seq, kv.cell_seq_data(), n_used);
     *h.n_used = static_cast<int32_t>(n_used);
+    if (c.tok_slot)
+        for (int64_t t = 0; t < n; ++t) h.tok_slot[t] = __builtin_ctzll(st.seq_mask[t]);  // one sequence per token
 
     cuda::StreamScope scope(c.stream->get());
     const int64_t head_rows = one_pass_head ? n_out : 0;

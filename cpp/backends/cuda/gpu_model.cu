@@ -1,9 +1,12 @@
 // Upload of the offloaded weights (GpuModel).
 //
 // Layout of the single device allocation, in this order, each piece 256-byte aligned:
-//   for each layer il < n_gpu: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
+//   for each layer il < n_gpu: attn_q, attn_k, attn_v, attn_output (qwen35 Gated DeltaNet layers:
+//     attn_qkv, attn_gate, ssm_alpha, ssm_beta, ssm_out instead), ffn_gate, ffn_up, ffn_down
 //     (packed bytes exactly as in the file, rows row_bytes apart), then attn_norm, ffn_norm and the
-//     architecture's 1-D tensors (qwen2 q/k/v biases, qwen3 q/k norms) as float32;
+//     architecture's 1-D tensors (qwen2 q/k/v biases, qwen3 / qwen35 q/k norms; GDN layers: the
+//     transposed conv taps [kernel][conv_dim], ssm_dt.bias, ssm_a, ssm_norm) as float32, as the
+//     host holds them (LayerWeights);
 //   then, with the output head: output_norm (float32) and output.weight (packed; for a tied head a
 //     copy of token_embd, which also stays on the host for the embedding gather);
 //   then, for a prism.hadamard-rotated model, every sign vector of the contract (float32).
@@ -55,10 +58,19 @@ void fill(const Model& m, int n_layers, bool output, Uploader& up, GpuModel& g) 
     for (int il = 0; il < n_layers; ++il) {
         const LayerWeights& w = m.layers()[il];
         GpuLayer& L = g.layers[il];
-        L.wq = up.matrix(w.wq);
-        L.wk = up.matrix(w.wk);
-        L.wv = up.matrix(w.wv);
-        L.wo = up.matrix(w.wo);
+        L.recurrent = m.hparams().is_recurrent(il);
+        if (L.recurrent) {
+            L.w_qkv = up.matrix(w.w_qkv);
+            L.w_z = up.matrix(w.w_z);
+            L.w_alpha = up.matrix(w.w_alpha);
+            L.w_beta = up.matrix(w.w_beta);
+            L.w_ssm_out = up.matrix(w.w_ssm_out);
+        } else {
+            L.wq = up.matrix(w.wq);
+            L.wk = up.matrix(w.wk);
+            L.wv = up.matrix(w.wv);
+            L.wo = up.matrix(w.wo);
+        }
         L.w_gate = up.matrix(w.w_gate);
         L.w_up = up.matrix(w.w_up);
         L.w_down = up.matrix(w.w_down);
@@ -69,7 +81,12 @@ void fill(const Model& m, int n_layers, bool output, Uploader& up, GpuModel& g) 
         L.bv = up.vec(w.bv);
         L.q_norm = up.vec(w.q_norm);
         L.k_norm = up.vec(w.k_norm);
+        L.conv_w_t = up.vec(w.conv_w_t);
+        L.dt_bias = up.vec(w.dt_bias);
+        L.ssm_a = up.vec(w.ssm_a);
+        L.ssm_norm = up.vec(w.ssm_norm);
     }
+    g.gdn_v_grouped = m.hadamard().gdn_v_grouped;
     g.output = output;
     if (output) {
         g.output_norm = up.vec(m.output_norm());
@@ -94,6 +111,9 @@ void fill(const Model& m, int n_layers, bool output, Uploader& up, GpuModel& g) 
         L.r_gate = rot(w.r_gate);
         L.r_up = rot(w.r_up);
         L.r_down = rot(w.r_down);
+        L.r_qkv = rot(w.r_qkv);
+        L.r_z = rot(w.r_z);
+        L.r_ssm_out = rot(w.r_ssm_out);
     }
     if (output) g.head_rot = rot(m.output_rotation());
 }

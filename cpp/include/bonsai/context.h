@@ -61,9 +61,10 @@ struct ContextMemory {
     uint64_t recurrent_bytes = 0;  // qwen35: conv + delta state of every sequence, with one checkpoint each
     // Device memory of the offloaded layers (CUDA builds; one allocation, see gpu_backend.h).
     uint64_t gpu_kv_bytes = 0;
+    uint64_t gpu_recurrent_bytes = 0;  // qwen35: the offloaded GDN layers' state, checkpoints included
     uint64_t gpu_compute_bytes = 0;
     uint64_t gpu_logits_bytes = 0;
-    uint64_t gpu_allocated_bytes = 0;  // gpu_kv + gpu_compute + gpu_logits
+    uint64_t gpu_allocated_bytes = 0;  // gpu_kv + gpu_recurrent + gpu_compute + gpu_logits
 };
 
 class GpuContext;
@@ -116,6 +117,13 @@ private:
                       const std::vector<uint8_t>& want, int64_t first_out);
     void check_recurrent_rm(int seq, int32_t p0, int32_t p1) const;
     void apply_recurrent_rm(int seq, int32_t p0, int32_t p1);
+    // RecurrentState's operations on the host state and, with offloaded GDN layers, on the
+    // device state (gpu_backend.h), so that both copies always describe the same history.
+    void state_reset(int seq);
+    void state_copy(int src, int dst);
+    void state_save_checkpoint(int seq, int32_t pos);
+    void state_restore_checkpoint(int seq);
+    void state_load_checkpoint_of(int src, int dst);
 
     std::shared_ptr<const Model> model_;
     ContextParams params_;

@@ -81,6 +81,14 @@ struct Hparams {
     int64_t conv_state_floats() const { return (ssm_conv_kernel - 1) * ssm_conv_dim(); }
     int64_t delta_state_floats() const { return ssm_n_v_heads * ssm_dv * ssm_dk; }
     bool is_recurrent(int64_t il) const { return !recurrent.empty() && recurrent[il] != 0; }
+    // Attention (KV) / recurrent layers among layers [0, n): with n = n_gpu_layers, the ones whose
+    // KV / recurrent state live on the GPU (the host keeps the rest, from that index on).
+    int64_t kv_layers_below(int64_t n) const {
+        int64_t k = 0;
+        for (int64_t il = 0; il < n; ++il) k += !is_recurrent(il);
+        return k;
+    }
+    int64_t state_layers_below(int64_t n) const { return n - kv_layers_below(n); }
 
     int64_t n_embd_q() const { return n_head * head_dim; }
     int64_t n_embd_kv() const { return n_head_kv * head_dim; }

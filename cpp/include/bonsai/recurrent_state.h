@@ -7,6 +7,11 @@
 // it when a decode call gives a sequence a prompt (two or more tokens), at the prompt's second-to-
 // last token, so that a later prompt sharing that prefix resumes exactly from it. Removing tokens
 // is exact only back to the checkpoint (or everything); Context refuses anything else.
+//
+// With GPU layers the state of the offloaded recurrent layers [0, first_layer) lives on the device
+// (same per-sequence layout, cpp/backends/cuda/gpu_context.cu) and this object stores only layers
+// [first_layer, n_state_layer), like KvCache's first_layer; it still keeps every sequence's
+// checkpoint position, and Context applies each operation to both copies.
 #pragma once
 
 #include <cstdint>
@@ -18,15 +23,18 @@ namespace bonsai {
 
 class RecurrentState {
 public:
-    RecurrentState(const Hparams& hp, int n_seq);
+    RecurrentState(const Hparams& hp, int n_seq, int64_t first_layer = 0);
 
-    // Bytes the state of n_seq sequences takes, checkpoints included.
-    static uint64_t bytes_needed(const Hparams& hp, int n_seq);
+    // Bytes the state of n_seq sequences takes, checkpoints included (layers from first_layer on).
+    static uint64_t bytes_needed(const Hparams& hp, int n_seq, int64_t first_layer = 0);
     uint64_t bytes() const { return (live_.size() + ckpt_.size()) * sizeof(float); }
 
-    // The conv window / delta state of sequence seq in recurrent layer sl (Hparams::state_layer).
-    float* conv(int seq, int64_t sl) { return live_.data() + offset(seq) + sl * conv_floats_; }
-    float* delta(int seq, int64_t sl) { return live_.data() + offset(seq) + n_layer_ * conv_floats_ + sl * delta_floats_; }
+    // The conv window / delta state of sequence seq in recurrent layer sl (Hparams::state_layer,
+    // sl >= first_layer).
+    float* conv(int seq, int64_t sl) { return live_.data() + offset(seq) + (sl - first_) * conv_floats_; }
+    float* delta(int seq, int64_t sl) {
+        return live_.data() + offset(seq) + n_layer_ * conv_floats_ + (sl - first_) * delta_floats_;
+    }
 
     void reset(int seq);              // zero state, no checkpoint
     void copy(int src, int dst);      // state and checkpoint of src into dst
@@ -38,7 +46,7 @@ public:
 private:
     size_t offset(int seq) const { return static_cast<size_t>(seq) * per_seq_; }
 
-    int64_t n_layer_ = 0, conv_floats_ = 0, delta_floats_ = 0;
+    int64_t first_ = 0, n_layer_ = 0, conv_floats_ = 0, delta_floats_ = 0;  // n_layer_: layers stored here
     size_t per_seq_ = 0;
     std::vector<float> live_, ckpt_;
     std::vector<int32_t> ckpt_pos_;

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "../forward_gpu.h"
 #include "../model_loader.h"
 #include "arch.h"
 #include "bonsai/error.h"
@@ -189,13 +190,13 @@ void gated_delta_net(const Model& m, const LayerWeights& w, int64_t il, ForwardS
 void qwen35_forward(const Model& m, ForwardState& st) {
     const Hparams& hp = m.hparams();
     begin_forward(m, st);
-    for (int64_t il = 0; il < hp.n_layer; ++il) {
+    for (int64_t il = forward_gpu(m, st); il < hp.n_layer; ++il) {  // the same layers on the GPU: forward.cu
         const LayerWeights& w = m.layers()[il];
         if (hp.is_recurrent(il)) gated_delta_net(m, w, il, st);
         else gated_attention(m, w, il, st);
         ffn_swiglu(m, w, st);
     }
-    output_logits(m, st);
+    if (!gpu_did_output(m, st)) output_logits(m, st);
 }
 
 }  // namespace

@@ -47,7 +47,8 @@ std::shared_ptr<const GpuModel> gpu_model_upload(const Model& m, int n_layers, b
 GpuWeightsMemory gpu_model_memory(const GpuModel& g);
 
 struct GpuContextMemory {
-    uint64_t kv_bytes = 0;       // K and V of the offloaded layers, n_ctx cells
+    uint64_t kv_bytes = 0;       // K and V of the offloaded (attention) layers, n_ctx cells
+    uint64_t recurrent_bytes = 0;  // qwen35: state of the offloaded GDN layers, n_seq_max sequences + checkpoints
     uint64_t compute_bytes = 0;  // activations, INT8 scratch, token / cell metadata, alignment
     uint64_t logits_bytes = 0;   // output rows of the head (when the head is on the GPU)
     uint64_t allocated_bytes = 0;  // the single allocation: the sum of the above
@@ -65,5 +66,15 @@ GpuContextMemory gpu_context_memory(const GpuContext& c);
 // into st.logits. With ContextParams::cuda_graph, chunks of up to 64 tokens replay one captured
 // CUDA graph per (n_tokens, n_out) shape (bit-identical to plain launches). Returns n_gpu.
 int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st);
+
+// qwen35: RecurrentState's operations (bonsai/recurrent_state.h) on the device state of the
+// offloaded GDN layers (live state and one checkpoint per sequence; the checkpoint positions are
+// kept by the host RecurrentState). Each runs on the context's stream and waits for it, so it is
+// ordered after the previous step and before the next. No-ops when no GDN layer is offloaded.
+void gpu_state_reset(GpuContext& c, int seq);                  // live state zeroed
+void gpu_state_copy(GpuContext& c, int src, int dst);          // live state and checkpoint
+void gpu_state_save_checkpoint(GpuContext& c, int seq);        // checkpoint <- live
+void gpu_state_restore_checkpoint(GpuContext& c, int seq);     // live <- checkpoint
+void gpu_state_load_checkpoint_of(GpuContext& c, int src, int dst);  // dst's live and checkpoint <- src's checkpoint
 
 }  // namespace bonsai
