@@ -27,7 +27,24 @@ What it does (a script, not a test; it prints ratios and asserts nothing):
    (prism.hadamard rotation folded in; the engine rotates every folded matmul's input), and a
    line with the rotation's share of decode time against the plain PTQ1_0 row.
 
+--arch qwen35 times a Qwen3.5-shaped hybrid instead (benchmarks/qwen35_bench_model.py: hidden 2048,
+8 layers, six Gated DeltaNet and two gated full attention layers in the 3:1 pattern, FFN 6144,
+attention 8 / 2 KV heads of 256 with partial rope 0.25, GDN 8 key / 16 value heads of 128, conv
+kernel 4, vocab 32000; the same kind of ternary weights), converted to PTQ1_0, TQ2_0 and Q8_0 by
+default. It prints the CPU (lscpu's model name, AVX2 / AVX-512 flags) first, checks that both
+engines compute the same function (below), and ends with the bars of issue #15: our PTQ1_0 decode
+/ llama.cpp TQ2_0 decode >= 1.5 and our PTQ1_0 prefill / llama.cpp TQ2_0 prefill >= 1.0.
+--check (default with --arch qwen35; --no-check skips it) runs, before the timings, a greedy
+comparison on every file both engines load (and our PTQ1_0 against llama.cpp's TQ2_0): llama.cpp
+picks the argmax token at each of a few steps after a fixed prompt, our engine is fed the same
+tokens, and a line says how often its argmax agrees and the RMS difference of the two logit
+vectors (in units of their sd), and how far each side is from the exact logits (our engine with
+float activations on the TQ2_0 file, which matches transformers to ~1e-3 sd). Both sides quantize
+activations to INT8 their own way (ours per token, ggml per block), so logits differ by a
+fraction of an sd and a near tie may flip; a different function would be ~1.4 sd apart.
+
     PYTHONPATH=python python3 benchmarks/bench_cpu.py [--threads 2] [-p 512] [-n 128] [-r 3] [--no-mmap]
+    PYTHONPATH=python python3 benchmarks/bench_cpu.py --arch qwen35 [-t 2] [-r 3]
 """
 
 from __future__ import annotations
@@ -38,6 +55,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,9 +72,14 @@ from bonsai_runner import _core  # noqa: E402
 from bonsai_runner.convert import convert  # noqa: E402
 from bonsai_runner.inspect import inspect_file  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qwen35_bench_model import QWEN35_MODEL, write_qwen35_checkpoint  # noqa: E402
+
 MODEL = {"arch": "llama", "hidden": 2048, "ffn": 5632, "n_layer": 8, "n_head": 32,
          "n_head_kv": 4, "vocab": 32000, "tokenizer": "spm", "dtype": "float16",
          "ternary": True, "group": 256, "seed": 0}
+MODELS = {"llama": MODEL, "qwen35": QWEN35_MODEL}
+DEFAULT_TYPES = {"llama": "ptq1_0,tq2_0,q8_0,pq2_0,q2_0", "qwen35": "ptq1_0,tq2_0,q8_0"}
 ALL_TYPES = ("ptq1_0", "tq2_0", "q8_0", "pq2_0", "q2_0")
 LLAMA_CPP_TYPES = ("tq2_0", "q8_0", "q2_0")  # what mainline llama.cpp loads (not PTQ1_0/PQ2_0)
 FLOOR_PTQ1_VS_TQ2 = 0.7
@@ -64,6 +87,9 @@ FLOOR_PTQ1_VS_TQ2 = 0.7
 DECODE_TARGETS = {"ptq1_0": 1.5, "pq2_0": 1.3, "q2_0": 1.3}
 ROOFLINE_TARGET_PTQ1 = 0.5
 PROBE_BYTES = 1 << 30
+# The qwen35 bars of issue #15: our PTQ1_0 over llama.cpp's TQ2_0, decode and prefill (medians).
+QWEN35_BARS = {"tg": 1.5, "pp": 1.0}
+CHECK_PROMPT, CHECK_STEPS = 32, 8  # the --check prompt length and greedy steps
 
 
 def log(msg: str) -> None:
@@ -72,20 +98,24 @@ def log(msg: str) -> None:
 
 # ----- the model files -----
 
-def build_model(work_dir: Path, types: list[str]) -> dict[str, Path]:
+def build_model(work_dir: Path, types: list[str], arch: str = "llama") -> dict[str, Path]:
     """The HF checkpoint and one GGUF per type under work_dir (each made only when missing)."""
-    tag = "llama-h{hidden}-f{ffn}-l{n_layer}-v{vocab}-s{seed}".format(**MODEL)
+    model = MODELS[arch]
+    tag = "{arch}-h{hidden}-f{ffn}-l{n_layer}-v{vocab}-s{seed}".format(**model)
     hf = work_dir / f"{tag}-hf"
     work_dir.mkdir(parents=True, exist_ok=True)
     if not (hf / "config.json").exists():
-        sys.path.insert(0, str(REPO / "tests"))
-        from model_factory import make_hf_model
-
         log(f"writing the random ternary checkpoint {hf} (once; ~1 GB of float16)")
         tmp = work_dir / f"{tag}-hf.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.perf_counter()
-        make_hf_model(tmp, **MODEL)
+        if arch == "qwen35":
+            write_qwen35_checkpoint(tmp, **model)
+        else:
+            sys.path.insert(0, str(REPO / "tests"))
+            from model_factory import make_hf_model
+
+            make_hf_model(tmp, **model)
         os.replace(tmp, hf)
         log(f"  done in {time.perf_counter() - t0:.0f} s")
     paths = {}
@@ -131,9 +161,11 @@ def read_bandwidth(threads: int, nbytes: int = PROBE_BYTES, tries: int = 5) -> f
 class BonsaiRunner:
     backend = "bonsai CPU"
 
-    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int, use_mmap: bool = True):
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int, use_mmap: bool = True,
+                 act_mode: str = "int8"):
         self.model = _core.Model(str(path), use_mmap=use_mmap)
-        self.ctx = _core.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads)
+        self.ctx = _core.Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                                 act_mode=act_mode)
         self.n_batch = n_batch
         self.backend = f"bonsai CPU ({_core.cpu_path()})"
 
@@ -146,6 +178,13 @@ class BonsaiRunner:
 
     def step(self, token: int) -> None:
         self.ctx.decode([token], logits="last")
+
+    def last_logits(self, tokens: list[int]) -> np.ndarray:
+        """Evaluates `tokens` after what is cached; the logits of the last one."""
+        out = None
+        for i in range(0, len(tokens), self.n_batch):
+            out = self.ctx.decode(tokens[i:i + self.n_batch], logits="last")
+        return np.array(out[-1], dtype=np.float32)
 
     def close(self) -> None:
         self.ctx.close()
@@ -171,6 +210,14 @@ class LlamaCppRunner:
     def step(self, token: int) -> None:
         self.llm.eval([token])
 
+    def last_logits(self, tokens: list[int]) -> np.ndarray:
+        """Evaluates `tokens` after what is cached; the logits of the last one."""
+        import llama_cpp
+
+        self.llm.eval(tokens)
+        row = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(row, shape=(self.llm.n_vocab(),)).copy()
+
     def close(self) -> None:
         self.llm.close()
 
@@ -185,6 +232,62 @@ def run_once(runner, prompt: list[int], gen: list[int]) -> tuple[float, float]:
         runner.step(tok)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
+
+
+def _logit_track(runner, prompt: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """Last-token logits after `prompt`, then after each of `tokens` but the last, from empty."""
+    runner.reset()
+    out = [runner.last_logits(prompt)]
+    out += [runner.last_logits([t]) for t in tokens[:-1]]
+    return out
+
+
+def _rms_sd(a: np.ndarray, b: np.ndarray) -> float:
+    """RMS of a - b in units of b's standard deviation."""
+    return float(np.sqrt(np.mean((a - b) ** 2)) / max(float(b.std()), 1e-30))
+
+
+def check_agreement(runners, n_vocab: int, reference=None, n_prompt: int = CHECK_PROMPT,
+                    n_steps: int = CHECK_STEPS) -> tuple[list[str], dict]:
+    """Greedy next tokens of both engines on the same file (and our PTQ1_0 against llama.cpp's
+    TQ2_0): llama.cpp picks argmax tokens after a fixed prompt, ours is fed the same tokens.
+    `reference` (our engine with float activations on a ternary file: the exact function) gives
+    each side's distance from the exact logits along the same tokens."""
+    by = {(e, t): r for e, t, r in runners}
+    pairs = [(t, t) for e, t, _ in runners if e == "llama.cpp" and ("bonsai", t) in by]
+    if ("bonsai", "ptq1_0") in by and ("llama.cpp", "tq2_0") in by:
+        pairs.append(("ptq1_0", "tq2_0"))
+    prompt = np.random.default_rng(99).integers(0, n_vocab, size=n_prompt).tolist()
+    lines, out = [], {}
+    for ours_t, theirs_t in pairs:
+        ours, theirs = by[("bonsai", ours_t)], by[("llama.cpp", theirs_t)]
+        theirs.reset()
+        b = [theirs.last_logits(prompt)]
+        picks = [int(np.argmax(b[-1]))]
+        while len(picks) < n_steps:
+            b.append(theirs.last_logits([picks[-1]]))
+            picks.append(int(np.argmax(b[-1])))
+        a = _logit_track(ours, prompt, picks)
+        agree = sum(int(np.argmax(x)) == t for x, t in zip(a, picks))
+        rms = [_rms_sd(x, y) for x, y in zip(a, b)]
+        finite = all(np.isfinite(x).all() for x in a + b)
+        res = {"agree": agree, "steps": n_steps, "logits_rms_over_sd": rms, "finite": finite,
+               "llama_cpp_tokens": picks}
+        line = (f"ours {ours_t.upper():6s} vs llama.cpp {theirs_t.upper():6s}: argmax agrees "
+                f"{agree}/{n_steps} greedy steps after a {n_prompt}-token prompt; logits RMS "
+                f"difference {statistics.mean(rms):.3f} sd (max {max(rms):.3f})")
+        if reference is not None:
+            ref = _logit_track(reference, prompt, picks)
+            ours_ref = statistics.mean(_rms_sd(x, r) for x, r in zip(a, ref))
+            theirs_ref = statistics.mean(_rms_sd(y, r) for y, r in zip(b, ref))
+            ref_agree = sum(int(np.argmax(r)) == t for r, t in zip(ref, picks))
+            res.update(ours_vs_exact_rms_over_sd=ours_ref,
+                       llama_cpp_vs_exact_rms_over_sd=theirs_ref, exact_agree=ref_agree)
+            line += (f"; from the exact logits: ours {ours_ref:.3f}, llama.cpp {theirs_ref:.3f} sd"
+                     f" (exact argmax = llama.cpp's {ref_agree}/{n_steps})")
+        out[f"{ours_t}_vs_llama_cpp_{theirs_t}"] = res
+        lines.append(line + ("" if finite else "; NON-FINITE logits"))
+    return lines, out
 
 
 # ----- report -----
@@ -281,8 +384,15 @@ def parse_args(argv):
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test)")
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions per test")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt batch size")
-    p.add_argument("--types", default="ptq1_0,tq2_0,q8_0,pq2_0,q2_0",
-                   help="comma-separated file types (from: %s)" % ", ".join(ALL_TYPES))
+    p.add_argument("--arch", choices=sorted(MODELS), default="llama",
+                   help="the synthetic model: llama (dense) or qwen35 (hybrid GDN + gated "
+                        "attention); default %(default)s")
+    p.add_argument("--types", default=None,
+                   help="comma-separated file types (from: %s; default %s, with --arch qwen35 %s)"
+                        % (", ".join(ALL_TYPES), DEFAULT_TYPES["llama"], DEFAULT_TYPES["qwen35"]))
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                   help="greedy next-token agreement of both engines on each file before the "
+                        "timings (default: on with --arch qwen35)")
     p.add_argument("--llama-cpp-types", default="tq2_0,q8_0",
                    help="types also timed on llama.cpp (from: %s; default: %%(default)s; its "
                         "Q2_0 CPU path is slow, ~20x under TQ2_0)" % ", ".join(LLAMA_CPP_TYPES))
@@ -294,6 +404,10 @@ def parse_args(argv):
     p.add_argument("--hadamard", type=int, metavar="B",
                    help="also time PTQ1_0 with a folded Hadamard rotation of block B (row PTQ1_0-H<B>)")
     args = p.parse_args(argv)
+    if args.types is None:
+        args.types = DEFAULT_TYPES[args.arch]
+    if args.check is None:
+        args.check = args.arch == "qwen35"
     args.types = [t.strip().lower() for t in args.types.split(",") if t.strip()]
     bad = [t for t in args.types if t not in ALL_TYPES]
     if bad:
@@ -338,6 +452,48 @@ def make_runners(args, paths: dict, n_ctx: int) -> list[tuple[str, str, object]]
     return runners
 
 
+def cpu_line() -> str:
+    """lscpu's model name and the SIMD flags our kernels and ggml's care about."""
+    name = None
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                     if ln.startswith("Model name:")), None)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    flags: set[str] = set()
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("flags"):
+                flags = set(ln.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    want = ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+    return (f"CPU: {name or cpu_model()}, {os.cpu_count()} CPUs; flags: "
+            + " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in want)
+            + f"; our kernel path {_core.cpu_path()}")
+
+
+def qwen35_bar_lines(results: dict, pp: str, tg: str) -> tuple[list[str], dict]:
+    """Issue #15's bars: our PTQ1_0 / llama.cpp TQ2_0, decode and prefill (medians; best runs)."""
+    lines, ratios = [], {}
+    for key, test, what in (("tg", tg, "decode"), ("pp", pp, "prefill")):
+        ours = results.get(("bonsai", "ptq1_0", test))
+        theirs = results.get(("llama.cpp", "tq2_0", test))
+        if not (ours and theirs):
+            continue
+        med = ours["tps"]["median"] / theirs["tps"]["median"]
+        best = ours["tps"]["max"] / theirs["tps"]["max"]
+        want = QWEN35_BARS[key]
+        ratios[f"ptq1_0_vs_llama_cpp_tq2_0_{key}"] = {"median": med, "best": best, "bar": want}
+        lines.append(f"qwen35 PTQ1_0 {what} ({test}) / llama.cpp TQ2_0: {med:.2f} (best runs "
+                     f"{best:.2f}; {ours['tps']['median']:.2f} vs "
+                     f"{theirs['tps']['median']:.2f} t/s) -> "
+                     f"{'meets' if med >= want else 'BELOW'} the bar {want}")
+    return lines, ratios
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -369,7 +525,7 @@ def main(argv=None) -> int:
     log(f"{cpu_model()}, {os.cpu_count()} CPUs, load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}; weights "
         f"{'read into memory (--no-mmap)' if args.no_mmap else 'memory-mapped'}")
-    paths = build_model(args.work_dir.expanduser(), args.types)
+    paths = build_model(args.work_dir.expanduser(), args.types, args.arch)
     facts = {t: file_facts(paths[t]) for t in args.types}
 
     log(f"probing the read bandwidth (C++ probe over {PROBE_BYTES >> 20} MiB, "
@@ -382,11 +538,27 @@ def main(argv=None) -> int:
     prompt = rng.integers(0, n_vocab, size=args.n_prompt).tolist()
     gen = rng.integers(0, n_vocab, size=args.n_gen).tolist()
     n_ctx = args.n_prompt + args.n_gen + 16
+    if args.check:  # room for the check's prompt and steps
+        n_ctx = max(n_ctx, CHECK_PROMPT + CHECK_STEPS + 16)
     pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen} @ d{args.n_prompt}"
 
     runners = make_runners(args, paths, n_ctx)
     times: dict[tuple, list[tuple[float, float]]] = {}
+    check_lines, agreement = [], {}
     try:
+        if args.check:
+            log(f"checking greedy agreement ({CHECK_STEPS} steps after {CHECK_PROMPT} tokens)")
+            exact = next((t for t in ("tq2_0", "ptq1_0") if t in paths), None)
+            reference = (BonsaiRunner(paths[exact], args.threads, CHECK_PROMPT + CHECK_STEPS + 8,
+                                      args.batch_size, not args.no_mmap, act_mode="float")
+                         if exact else None)
+            try:
+                check_lines, agreement = check_agreement(runners, n_vocab, reference)
+            finally:
+                if reference is not None:
+                    reference.close()
+            for line in check_lines:
+                log("  " + line)
         for engine, t, r in runners:
             log(f"warm-up: {engine} {t.upper()}")
             run_once(r, prompt, gen)
@@ -410,7 +582,7 @@ def main(argv=None) -> int:
     for (engine, t), runs in times.items():
         for test, n, k in ((pp, args.n_prompt, 0), (tg, args.n_gen, 1)):
             res = {"engine": engine, "type": t.upper(), "test": test,
-                   "model": f"llama {facts[t]['params'] / 1e6:.0f}M {t.upper()}",
+                   "model": f"{args.arch} {facts[t]['params'] / 1e6:.0f}M {t.upper()}",
                    "backend": backends[(engine, t)], "threads": args.threads,
                    "file_size": facts[t]["file_size"], "params": facts[t]["params"],
                    "tps": summarize([n / x[k] for x in runs])}
@@ -419,6 +591,13 @@ def main(argv=None) -> int:
     rows.sort(key=lambda r: (args.types.index(r["type"].lower()), r["engine"] != "bonsai",
                              r["test"] != pp))
     load_end = os.getloadavg()
+    if args.arch != "llama":
+        print(cpu_line() + "\n")
+    if args.check:
+        print("same function (greedy next tokens on the same file):")
+        for line in check_lines or ["(no file loaded by both engines)"]:
+            print("  " + line)
+        print()
     print(format_table(rows))
     print(f"\nload average at start {load[0]:.2f}, at end {load_end[0]:.2f} "
           f"({os.cpu_count()} CPUs); t/s = median ± sample sd over {args.reps} runs, best t/s "
@@ -436,19 +615,28 @@ def main(argv=None) -> int:
         print(f"\nHadamard rotation (CPU: {cpu_model()}, kernel path {_core.cpu_path()}):")
         for line in rotation_lines(args, results, tg) or ["(needs both PTQ1_0 rows)"]:
             print("  " + line)
-    print("\ndecode targets (issue #6; on a loaded machine compare -t 1 runs too):")
-    for line in target_lines(facts, bandwidth, results, tg) or ["(needs the PTQ1_0 row)"]:
-        print("  " + line)
+    bars = {}
+    if args.arch == "qwen35":
+        bar_lines, bars = qwen35_bar_lines(results, pp, tg)
+        print("\nqwen35 bars (issue #15; medians):")
+        for line in bar_lines or ["(needs our PTQ1_0 and llama.cpp's TQ2_0 rows)"]:
+            print("  " + line)
+    else:
+        print("\ndecode targets (issue #6; on a loaded machine compare -t 1 runs too):")
+        for line in target_lines(facts, bandwidth, results, tg) or ["(needs the PTQ1_0 row)"]:
+            print("  " + line)
 
     if args.json:
-        doc = {"model": MODEL, "threads": args.threads, "no_mmap": args.no_mmap, "n_prompt": args.n_prompt,
+        doc = {"model": MODELS[args.arch], "threads": args.threads, "no_mmap": args.no_mmap, "n_prompt": args.n_prompt,
                "n_gen": args.n_gen, "reps": args.reps, "batch_size": args.batch_size,
                "cpu_path": _core.cpu_path(), "load_average": {"start": load, "end": load_end},
                "bandwidth_probe": {"method": "_core.measure_read_bandwidth over 1 GiB, --threads threads, best of 5",
                                    "bytes_per_s": bandwidth, "before_after": probes},
                "files": {t: {"path": str(paths[t]), **facts[t]} for t in args.types},
-               "results": rows, "ratios": ratios,
+               "results": rows, "ratios": {**ratios, **bars},
                "floor_ptq1_0_vs_llama_cpp_tq2_0_tg": FLOOR_PTQ1_VS_TQ2}
+        if args.arch != "llama" or args.check:
+            doc.update(arch=args.arch, agreement=agreement)
         text = json.dumps(doc, indent=2)
         if args.json == "-":
             print(text)
