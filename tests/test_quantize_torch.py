@@ -138,14 +138,22 @@ def test_qwen35_gdn_projection_is_calibrated_by_gptq(qwen35):
     assert res.err_gptq < res.err_plain and res.err <= res.err_gptq
 
 
-def test_qwen35_is_refused_before_any_work(qwen35, tmp_path):
+def test_qwen35_moe_is_refused_before_any_work(qwen35, tmp_path):
+    """Qwen3.5 quantizes (tests/test_quantize_qwen35.py); its MoE variant the engine cannot run."""
     d, _ = qwen35
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    cfg = json.loads((d / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_5_moe_text"}))
+    for f in d.iterdir():
+        if f.name != "config.json":
+            (moe / f.name).symlink_to(f)
     out = tmp_path / "o"
-    r = run_cli("quantize", "--model-dir", d, "--output-dir", out,
+    r = run_cli("quantize", "--model-dir", moe, "--output-dir", out,
                 "--calib-file", write_calibration(tmp_path / "c.jsonl"), "--no-progress")
     assert r.returncode != 0
     err = r.stderr.strip().splitlines()
-    assert "qwen3_5_text" in err[-1] and "engine cannot run it" in err[-1], r.stderr
+    assert "qwen3_5_moe_text" in err[-1] and "engine cannot run it" in err[-1], r.stderr
     assert not any(ln.startswith("calibration:") for ln in err)      # nothing tokenized
     assert not out.exists()
 

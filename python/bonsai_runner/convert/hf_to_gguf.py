@@ -165,16 +165,24 @@ def _spec_loader(source, spec: TensorSpec):
 
 
 def _packed_loader(source: Ptq1Dir, spec: TensorSpec):
-    if spec.transform is not None and not spec.rows_only:
+    """A packed tensor takes a row permutation as is, and a permutation of column blocks when
+    its group divides the block (then whole groups move, with their scales: exact)."""
+    group = source.tier_of(spec.hf_name).group
+    by_cols = spec.transform is not None and not spec.rows_only
+    if by_cols and not (spec.cols_block and spec.cols_block % group == 0):
+        why = (f"it moves blocks of {spec.cols_block} columns, which split its groups of {group}"
+               if spec.cols_block else "it is not a row permutation")
         raise BonsaiError(f"{spec.hf_name}: a packed tensor cannot take the {spec.gguf_name} "
-                          "re-layout (it is not a row permutation); quantize the model from its "
-                          "float checkpoint, or convert the float checkpoint")
+                          f"re-layout ({why}); quantize the model from its float checkpoint with "
+                          "another type for this tensor, or convert the float checkpoint")
 
     def load():
         p = source.packed(spec.hf_name)
         if spec.rope_heads:
             p = p.permute_rows(lambda a: permute_rope_rows(a, spec.rope_heads))
-        if spec.transform is not None:
+        if by_cols:
+            p = p.permute_column_groups(spec.transform, spec.hf_name)
+        elif spec.transform is not None:
             p = p.permute_rows(spec.transform)
         return p
     return load

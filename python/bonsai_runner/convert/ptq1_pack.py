@@ -112,6 +112,19 @@ class PackedTensor:
     def permute_rows(self, order_fn) -> "PackedTensor":
         return PackedTensor(self.tier, order_fn(self.codes), order_fn(self.scales))
 
+    def permute_column_groups(self, order_fn, name: str) -> "PackedTensor":
+        """order_fn permutes columns; the scales follow their groups. Exact only when it moves
+        whole groups, which is checked on the column indices it produces."""
+        g, n = self.tier.group, self.codes.shape[1]
+        cols = np.asarray(order_fn(np.arange(n, dtype=np.int64)[None, :]))[0]
+        starts = cols[::g]
+        if (starts % g).any() or not np.array_equal(
+                cols, (starts[:, None] + np.arange(g)).reshape(-1)):
+            raise BonsaiError(f"{name}: its column reorder splits the {self.tier.name} groups "
+                              f"of {g}; it cannot be applied to the packed tensor exactly")
+        return PackedTensor(self.tier, order_fn(self.codes),
+                            np.ascontiguousarray(self.scales[:, starts // g]))
+
     def to_gguf(self, name: str) -> np.ndarray:
         """The raw GGUF data of this tensor in its tier's GGUF type (exact)."""
         t = self.tier

@@ -15,9 +15,11 @@ autograd through the same forward (refine.py).
 - Activations: forward pre-hooks on the layer's linear modules capture their inputs (the
   "capture" callbacks of the pipeline), and can stop the forward once the wanted input is seen.
 
-Keys: the pipeline names the tensors of a llama-family layer (llama / qwen2 / qwen3: what the
-converter and the engine take today) by short keys (q, k, v, o, gate, up, down, their biases, the
-norms); `HF_KEYS` maps them to the transformers parameter names inside the layer. `linear_inputs`
+Keys: the pipeline names the tensors of a layer by short keys (q, k, v, o, gate, up, down, their
+biases, the norms; for Qwen3.5's Gated DeltaNet layers qkv, z, a, b, ssm_out and the small GDN
+tensors); `HF_KEYS` maps them to the transformers parameter names inside the layer. A layer holds
+the keys of its kind only (a Qwen3.5 attention layer q/k/v/o, a GDN layer qkv/z/a/b/ssm_out), and
+the pipeline skips the keys a layer does not have. `linear_inputs`
 discovers, for ANY decoder layer, which linear modules share an input (the quantization stages),
 by one hooked forward; tests/test_quantize_torch.py runs it on Qwen3.5's hybrid layers (Gated
 DeltaNet and gated attention).
@@ -31,7 +33,7 @@ import torch
 
 from ..errors import BonsaiError
 
-LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+LINEARS = ("q", "k", "v", "o", "qkv", "z", "a", "b", "ssm_out", "gate", "up", "down")
 HF_KEYS = {
     "attn_norm": "input_layernorm.weight",
     "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight",
@@ -41,15 +43,25 @@ HF_KEYS = {
     "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
     "ffn_norm": "post_attention_layernorm.weight",
     "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
+    # Qwen3.5 Gated DeltaNet (linear attention) layers
+    "qkv": "linear_attn.in_proj_qkv.weight", "z": "linear_attn.in_proj_z.weight",
+    "a": "linear_attn.in_proj_a.weight", "b": "linear_attn.in_proj_b.weight",
+    "ssm_out": "linear_attn.out_proj.weight", "conv1d": "linear_attn.conv1d.weight",
+    "A_log": "linear_attn.A_log", "dt_bias": "linear_attn.dt_bias",
+    "ssm_norm": "linear_attn.norm.weight",
 }
 # Which captured activation feeds each linear layer, and the module whose input it is.
 INPUT_OF = {"q": "attn_in", "k": "attn_in", "v": "attn_in", "o": "o_in",
+            "qkv": "gdn_in", "z": "gdn_in", "a": "gdn_in", "b": "gdn_in", "ssm_out": "gdn_out_in",
             "gate": "ffn_in", "up": "ffn_in", "down": "down_in"}
 CAPTURE_MODULE = {"attn_in": "self_attn.q_proj", "o_in": "self_attn.o_proj",
+                  "gdn_in": "linear_attn.in_proj_qkv", "gdn_out_in": "linear_attn.out_proj",
                   "ffn_in": "mlp.gate_proj", "down_in": "mlp.down_proj"}
 # Quantization stages inside a block: layers sharing an input are quantized together, and each
-# stage sees the outputs of the already-quantized stages before it.
-STAGES = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+# stage sees the outputs of the already-quantized stages before it. A layer has either the
+# attention stages (q/k/v, o) or the GDN ones (qkv/z/a/b, ssm_out); the others are skipped.
+STAGES = (("q", "k", "v"), ("o",), ("qkv", "z", "a", "b"), ("ssm_out",), ("gate", "up"),
+          ("down",))
 LAYER_PREFIXES = ("model.layers.", "model.language_model.layers.")
 
 

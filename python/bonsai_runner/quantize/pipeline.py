@@ -213,8 +213,7 @@ def _to_device(arrays: dict[str, np.ndarray], device) -> dict[str, torch.Tensor]
     return {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
 
 
-ENGINE_PENDING = {"qwen3_5": "qwen35", "qwen3_5_text": "qwen35", "qwen3_5_moe": "qwen35moe",
-                  "qwen3_5_moe_text": "qwen35moe"}
+ENGINE_PENDING = {"qwen3_5_moe": "qwen35moe", "qwen3_5_moe_text": "qwen35moe"}
 
 
 class Quantizer:
@@ -240,7 +239,7 @@ class Quantizer:
         if mt in ENGINE_PENDING:
             raise BonsaiError(f"{where}: model_type {mt!r} ({ENGINE_PENDING[mt]} in GGUF) is not "
                               "supported yet: the engine cannot run it, so the quantizer refuses it "
-                              "before any work; supported: llama, qwen2, qwen3")
+                              "before any work; supported: llama, qwen2, qwen3, qwen3_5")
         self.family = family_for(self.ckpt.config, where)
         shapes = {n: self.ckpt.shape(n) for n in self.ckpt.tensor_names()}
         self.specs = self.family.validate_tensors(shapes, str(opts.model_dir))
@@ -272,6 +271,14 @@ class Quantizer:
             raise BonsaiError(f"--refine-target {opts.refine_target!r}: float or block")
         if not 0.0 < opts.threshold <= 1.0:
             raise BonsaiError(f"--threshold {opts.threshold}: a cosine similarity in (0, 1]")
+        if getattr(self.family, "prefix", "model.") != "model.":
+            raise BonsaiError(f"{where}: a {self.ckpt.config.get('architectures', ['?'])[0]} "
+                              "checkpoint (language model under model.language_model.*) is not "
+                              "supported by the quantizer yet; save its text model as "
+                              "Qwen3_5ForCausalLM (tensors under model.*) and quantize that")
+        if opts.equalize and self.family.gguf_arch == "qwen35":
+            raise BonsaiError("--equalize is not supported for qwen35: its norms multiply by "
+                              "(1 + w), which a channel scale cannot be folded into")
         self.types = {s.hf_name: self.policy.type_of(s.hf_name, len(s.shape)) for s in self.specs}
         for s in self.specs:
             t = self.types[s.hf_name][0]
@@ -279,8 +286,17 @@ class Quantizer:
                 raise BonsaiError(f"{s.hf_name}: {s.shape[-1]} input columns do not split into "
                                   f"groups of {grid(t).group} for {t.upper()}; give it another "
                                   "type with --policy")
+            if t in QUANT_TIERS and s.cols_block and s.cols_block % grid(t).group:
+                raise BonsaiError(
+                    f"{s.hf_name}: the converter reorders its columns in blocks of "
+                    f"{s.cols_block} (qwen35: whole V heads), which do not hold whole "
+                    f"{t.upper()} groups of {grid(t).group}, so its packed groups cannot be "
+                    "reordered exactly; give it another type with --policy (e.g. "
+                    f"\"{s.hf_name.rsplit('.', 2)[-2]}=q8_0\")")
+        # linear weights at a plain type by default (qwen35 in_proj_a/b) count at that type
         linear = [(s.hf_name, int(np.prod(s.shape)),
-                   self.types[s.hf_name][0] if self.types[s.hf_name][1] else None)
+                   self.types[s.hf_name][0] if self.types[s.hf_name][1]
+                   or self.types[s.hf_name][0] not in QUANT_TIERS else None)
                   for s in self.specs if s.role == "linear"]
         if opts.target_bpw is not None:
             check_target(opts.target_bpw, linear, self.policy.ternary)
@@ -293,7 +309,8 @@ class Quantizer:
 
         found = {}
         for s in self.specs:
-            if s.role != "linear" or self.types[s.hf_name][1]:
+            if (s.role != "linear" or self.types[s.hf_name][1]
+                    or self.types[s.hf_name][0] not in QUANT_TIERS):
                 continue
             if not looks_ternary(self._sample_rows(s.hf_name)):
                 continue
@@ -330,7 +347,8 @@ class Quantizer:
                  f"{torch.get_num_threads()} CPU threads)")
         with self.timer("ternary scan"):
             lossless = self.scan_ternary()
-        n_linear = sum(1 for s in self.specs if s.role == "linear")
+        n_linear = sum(1 for s in self.specs
+                       if s.role == "linear" and self.types[s.hf_name][0] in QUANT_TIERS)
         calib = None
         if o.method == "rtn":
             self.log("--method rtn: round-to-nearest (absmean threshold), no calibration data")
@@ -506,6 +524,8 @@ class Quantizer:
         tiers, reasons = {}, {}
         for key in LINEARS:
             name = f"model.layers.{i}.{HF_KEYS[key]}"
+            if name not in self.types:          # not a tensor of this kind of layer
+                continue
             tiers[key] = self.types[name][0]
             if name in self.tier_plan:
                 tiers[key], why = self.tier_plan[name]
@@ -533,8 +553,10 @@ class Quantizer:
             todo = {}
             for key in LINEARS:
                 name = f"model.layers.{i}.{HF_KEYS[key]}"
+                if name not in self.types:
+                    continue
                 t, pin = self.types[name]
-                todo[key] = (name, lossless.get(name) if not pin else t)
+                todo[key] = (name, t if pin or t not in QUANT_TIERS else lossless.get(name))
             wanted = {INPUT_OF[k] for k, (_, fixed) in todo.items() if not fixed}
             with self.timer("target-bpw pre-pass"):
                 Hs, x = self.blocks.stage_hessians(i, w, x, wanted)
@@ -612,6 +634,8 @@ class Quantizer:
         for stage in STAGES:
             H = C = None
             for key in stage:
+                if key not in w:                # not a tensor of this kind of layer
+                    continue
                 name = f"model.layers.{i}.{HF_KEYS[key]}"
                 pinned = self.types[name][1]
                 t = tiers[key]

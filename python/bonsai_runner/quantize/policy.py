@@ -2,9 +2,12 @@
 
 Default scheme (SPEC section 5):
     q/k/v/o, gate/up projections      ternary: PTQ1_0 (g128), or Q2_0 (g64) with --group-size 64
+      (Qwen3.5 GDN: in_proj_qkv, in_proj_z, out_proj too)
     down_proj                         Q8_0
     token embedding, output head      F16 (--embed-type q8_0: Q8_0)
-    norms, biases, other 1-D tensors  F32
+    other 2-D weights                 F16 (Qwen3.5 GDN in_proj_a / in_proj_b: the gate inputs,
+                                      n_v_heads rows each, too small to be worth quantizing)
+    norms, biases, other 1-D tensors  F32 (and Qwen3.5's conv1d taps [conv_dim, 1, kernel])
 `--policy` overrides per pattern, later rules winning: "pattern=type,pattern=type" or a JSON file
 {"pattern": "type", ...}. A pattern with `*`/`?`/`[` is a glob on the Hugging Face tensor name,
 otherwise a substring ("down_proj=ptq1_0", "layers.0.*=q8_0"). Overridden tensors are pinned:
@@ -48,7 +51,8 @@ from ..ggml_types import type_info
 QUANT_TIERS = ("ptq1_0", "q2_0", "q4_0", "q8_0")
 PLAIN_TYPES = ("f16", "f32", "bf16")
 PROMOTION = ("ptq1_0", "q2_0", "q4_0", "q8_0")
-TERNARY_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
+TERNARY_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                   "in_proj_qkv", "in_proj_z", "out_proj")
 
 
 def tier_bpw(t: str) -> float:
@@ -116,7 +120,7 @@ class Policy:
             raise BonsaiError(f"--embed-type {self.embed_type}: use f16 or q8_0")
 
     def default_type(self, name: str, ndim: int) -> str:
-        if ndim < 2:
+        if ndim != 2:
             return "f32"
         if "embed_tokens" in name or name.startswith("lm_head"):
             return self.embed_type
@@ -132,8 +136,8 @@ class Policy:
         for pat, rt in self.rules:
             if _matches(pat, name):
                 t, pinned = rt, True
-        if ndim < 2 and t in QUANT_TIERS:
-            raise BonsaiError(f"--policy: {name} is 1-D; only 2-D weights can be quantized")
+        if ndim != 2 and t in QUANT_TIERS:
+            raise BonsaiError(f"--policy: {name} is {ndim}-D; only 2-D weights can be quantized")
         return t, pinned
 
 

@@ -52,6 +52,9 @@ class TensorSpec:
     # float32 HF value -> the value stored in GGUF (qwen35: V-head reorder, 1 + w, -exp(A_log))
     transform: Callable[[np.ndarray], np.ndarray] | None = field(default=None, compare=False)
     rows_only: bool = False   # `transform` only permutes rows (so it applies to packed tensors too)
+    # >0: `transform` only permutes whole blocks of this many columns (qwen35 out_proj: V heads),
+    # so it applies exactly to a packed tensor whose group divides the block
+    cols_block: int = 0
     out_shape: tuple[int, ...] | None = None   # stored shape when `transform` changes it
 
     @property

@@ -215,7 +215,8 @@ class Qwen35Family(DecoderFamily):
                     TensorSpec(la + "norm.weight", g + "ssm_norm.weight", (dv,), ROLE_NORM),
                     TensorSpec(la + "out_proj.weight", g + "ssm_out.weight", (hp.n_embd, n_v * dv),
                                ROLE_LINEAR,
-                               transform=lambda x: tile_v_heads(x, 1, n_k, n_v, dv)),
+                               transform=lambda x: tile_v_heads(x, 1, n_k, n_v, dv),
+                               cols_block=dv),
                 ]
             else:
                 sa = p + "self_attn."
