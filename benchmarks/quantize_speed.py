@@ -18,7 +18,7 @@
     python benchmarks/quantize_speed.py layer --device cpu --samples 4
     python benchmarks/quantize_speed.py layer --kind gdn --device cuda
     python benchmarks/quantize_speed.py compare --model ~/.cache/bonsai-runner/qwen2.5-coder-0.5b-instruct-f16.gguf \\
-        --max-samples 32
+        --max-samples 32 --threads 1
 """
 
 from __future__ import annotations
@@ -125,13 +125,23 @@ def _quantize_cmd(src: Path, model: str, out: Path, args) -> list[str]:
             "--seed", "0", "--no-progress", "--force"]
 
 
-def _timed(cmd, env, log) -> float:
+def _timed(cmd, env, log) -> dict:
+    """Wall seconds, the child's CPU seconds (user + system: less sensitive than the wall time to
+    other load on a shared machine) and the 1-minute load average before and after."""
+    import resource
+
+    load0 = os.getloadavg()[0]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(log, "w") as f:
         r = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed; see {log}")
-    return time.perf_counter() - t0
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return {"seconds": wall, "cpu_seconds": cpu, "load_before": load0,
+            "load_after": os.getloadavg()[0]}
 
 
 def _kld(src: Path, env, f16: str, q: Path, work: Path) -> float:
@@ -160,27 +170,41 @@ def compare(args) -> dict:
             raise SystemExit("build this checkout first (scripts/dev_build.sh): the old "
                              "pipeline borrows its _core module (the engine is unchanged)")
         os.symlink(core, old_src / "python" / "bonsai_runner" / core.name)
+    threads = {}
+    if args.threads:
+        threads = {k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                  "MKL_NUM_THREADS")}
     try:
         res = {}
         for tag, src in (("numpy", old_src), ("torch", ROOT)):
-            env = dict(os.environ, PYTHONPATH=str(src / "python"))
+            env = dict(os.environ, PYTHONPATH=str(src / "python"), **threads)
             out = work / tag
             out.mkdir()
-            res[tag] = {"seconds": _timed(_quantize_cmd(src, args.model, out, args), env,
-                                          out / "log.txt")}
-            print(f"{tag}: {res[tag]['seconds']:.0f} s", flush=True)
+            res[tag] = _timed(_quantize_cmd(src, args.model, out, args), env, out / "log.txt")
+            res[tag]["log"] = str(out / "log.txt")
+            print(f"{tag}: {res[tag]['seconds']:.0f} s wall, {res[tag]['cpu_seconds']:.0f} s CPU "
+                  f"(load average {res[tag]['load_before']:.1f} -> {res[tag]['load_after']:.1f})",
+                  flush=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
         if not args.no_kld:
             for tag in res:
                 res[tag]["kld_mean"] = _kld(ROOT, env, args.model, work / tag / "q.gguf", work)
         ratio = res["numpy"]["seconds"] / res["torch"]["seconds"]
-        print(f"{args.max_samples} x {args.seq_len} calibration tokens: numpy "
-              f"{res['numpy']['seconds']:.0f} s, torch {res['torch']['seconds']:.0f} s: "
-              f"torch is {ratio:.2f}x faster")
+        cpu_ratio = res["numpy"]["cpu_seconds"] / res["torch"]["cpu_seconds"]
+        print(f"{args.max_samples} x {args.seq_len} calibration tokens, "
+              f"{args.threads or 'default'} thread(s): numpy {res['numpy']['seconds']:.0f} s, "
+              f"torch {res['torch']['seconds']:.0f} s: torch is {ratio:.2f}x faster "
+              f"({cpu_ratio:.2f}x in CPU time)")
+        for tag in res:
+            t = next((ln for ln in Path(res[tag]["log"]).read_text().splitlines()
+                      if ln.startswith("time on ")), None)
+            if t:
+                print(f"{tag} stages: {t}")
         if not args.no_kld:
             print(f"mean KLD vs F16: numpy {res['numpy']['kld_mean']:.4f}, torch "
                   f"{res['torch']['kld_mean']:.4f}")
         res["ratio"] = ratio
+        res["cpu_ratio"] = cpu_ratio
         return res
     finally:
         if not args.old_src:
@@ -204,6 +228,8 @@ def main() -> None:
     b.add_argument("--max-samples", type=int, default=128)
     b.add_argument("--seq-len", type=int, default=512)
     b.add_argument("--no-kld", action="store_true")
+    b.add_argument("--threads", type=int, default=None,
+                   help="OMP/OpenBLAS/MKL threads of both pipelines (default: theirs)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     res = bench_layer(args) if args.cmd == "layer" else compare(args)

@@ -134,9 +134,9 @@ def test_target_bpw_run_reaches_its_budget_with_a_fallback_table(model, calib_fi
     calls = []
     real = pipeline.quantize_layer
 
-    def counting(w, H, tier, damp=0.01):
+    def counting(w, H, tier, damp=0.01, prep=None):
         calls.append(tier)
-        return real(w, H, tier, damp)
+        return real(w, H, tier, damp, prep)
 
     monkeypatch.setattr(pipeline, "quantize_layer", counting)
     logs = []

@@ -4,9 +4,11 @@ Objective: the layer-output error ||(W - Q) X||^2 = tr((W - Q) H (W - Q)^T) with
 accumulated over the calibration tokens (X: [tokens, in]). Columns (input features) are quantized
 left to right; the rounding error of column j, divided by the j-th diagonal of the upper Cholesky
 factor U of H^-1 (H^-1 = U^T U), is fed back into the not-yet-quantized columns through row j of U
-(Frantar et al., GPTQ). Updates are applied eagerly inside a block of columns and lazily, as one
-matrix product, to the columns after it. H is damped by `damp` x mean(diag H); columns that never
-see a non-zero input (diag 0) are set to zero.
+(Frantar et al., GPTQ). Updates are applied eagerly inside a sub-block of 16 columns, and lazily,
+as one matrix product each, to the rest of the 128-column block and to the columns after it
+(quantize_gptq). H is damped by `damp` x mean(diag H); columns that never see a non-zero input
+(diag 0) are set to zero. The damped factor depends on H alone: a stage's layers share it
+(prepare_hessian).
 
 The scale of each group is fixed when the group starts, from the error-updated weights: the exact
 importance-weighted ternary fit (ternary_fit.py, weights = diag H) for the ternary tiers, the
@@ -17,17 +19,25 @@ After the sweep, `refit_scales` re-solves every row's group scales with the code
 squares against the layer output with the full (undamped) H:
     s_r = argmin (w_r - s A_r) H (w_r - s A_r)^T = (A_r H A_r^T)^-1 A_r H w_r,
 A_r[g] = row r's codes on group g's columns and zero elsewhere; a row keeps its old scales when the
-float16-rounded refit is not better.
+float16-rounded refit is not better. The products A_r H it forms also give Q H for the weights
+before and after the refit (sum_g s_g A_g H), so the errors of both come without another
+layer-sized product: per layer W H, the plain fit's E H, the refit's A H and the sweep's updates.
 
 Torch on the quantizer's device. Precision: the weights, the sweep and the refit's products run
 in float32; the Cholesky factor of the damped H^-1 and the refit's small per-row ng x ng solves in
-float64. Measured (tests/test_quantize_torch.py, against the previous float64 numpy code kept in
+float64; the error sums are per-row float32 dots added in float64. Measured (tests/test_quantize_torch.py, against the previous float64 numpy code kept in
 tests/numpy_quantizer.py): in float64 this code gives the oracle's codes exactly; in float32 the
 plain / GPTQ / refit layer-output errors agree to < 2e-3 relative and > 99% of the codes are the
 same (the rest are near-ties of the rounding). The Cholesky stays in float64 because GPTQ feeds
 each column's error back through H^-1: an activation Hessian's condition number grows with its
-width and with outlier channels, and damping at 1% of the mean diagonal is the only guard; the
-float64 factor of an n x n H costs n^3/3 operations once per stage, small next to the sweep.
+width and with outlier channels, and damping at 1% of the mean diagonal is the only guard (it
+bounds the condition number only by ~100 x max/mean of the diagonal). Measured on 896-wide
+synthetic Hessians with channel scales exp(k N(0,1)), k = 1..3 (condition 5e3..3e4 after
+damping): a float32 factor differs from the float64 one by < 1e-7 relative and the GPTQ error is
+the same to 5 digits, so float32 would do there; a 27B's outlier channels can put the condition
+orders of magnitude higher, where float32's 6e-8 x condition is no longer small, and the float64
+factor of an n x n H costs n^3/3 operations once per stage (shared by its layers), small next to
+the sweep.
 """
 
 from __future__ import annotations
@@ -92,29 +102,47 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, group: int,
             * scales.reshape(rows, -1, 1).to(dtype)).reshape(rows, cols)
 
 
-def _energy(e: torch.Tensor, H: torch.Tensor) -> float:
-    """tr(E H E^T), the output energy of E, from the difference itself (no cancellation)."""
-    return float(((e @ H) * e).sum(dtype=torch.float64))
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    """sum(a * b): per-row dots in the inputs' dtype, their sum in float64."""
+    return float(torch.linalg.vecdot(a, b, dim=-1).sum(dtype=torch.float64))
+
+
+class ErrorMeter:
+    """Relative layer-output error and output cosine of candidate weights q against w under H.
+
+    W H is formed once; each candidate then costs one product (E H, E = W - Q, from the difference
+    itself, no cancellation in the error):
+        rel_err = sqrt(tr(E H E^T) / tr(W H W^T))
+        cosine  = tr(W H Q^T) / sqrt(tr(W H W^T) tr(Q H Q^T)),
+    with tr(W H Q^T) = ww - tr(W H E^T) and tr(Q H Q^T) = ww - 2 tr(W H E^T) + tr(E H E^T).
+    tr(W H W^T) = 2 ||W X||^2 / tokens is the layer's float output energy per token."""
+
+    def __init__(self, w: torch.Tensor, H: torch.Tensor):
+        self.w, self.H = w, H.to(w.dtype)
+        self.WH = w @ self.H
+        self.ww = _dot(self.WH, w)
+
+    def metrics(self, q: torch.Tensor, qH: torch.Tensor | None = None) -> tuple[float, float]:
+        """(rel_err, cosine) of q; qH: Q H when the caller has it (refit_scales), which saves
+        the product (E H = W H - Q H then; float32 keeps its error < 1e-4 relative down to
+        Q8_0's ~4e-3 output error)."""
+        e = self.w - q.to(self.w.dtype)
+        eH = e @ self.H if qH is None else self.WH - qH
+        ee = max(_dot(eH, e), 0.0)
+        we = _dot(self.WH, e)
+        ww = self.ww
+        qq = ww - 2.0 * we + ee
+        rel = float(np.sqrt(ee / ww)) if ww > 0 else 0.0
+        cos = (ww - we) / np.sqrt(ww * qq) if ww > 0 and qq > 0 else (1.0 if ee == 0 else 0.0)
+        return rel, float(min(cos, 1.0))
+
+    def __call__(self, q: torch.Tensor) -> float:
+        return self.metrics(q)[0]
 
 
 def output_error(w: torch.Tensor, q: torch.Tensor, H: torch.Tensor) -> float:
     """Relative layer-output error ||(W - Q) X|| / ||W X|| from H = 2 X^T X."""
-    Hf = H.to(w.dtype)
-    den = _energy(w, Hf)
-    return float(np.sqrt(max(_energy(w - q.to(w.dtype), Hf), 0.0) / den)) if den > 0 else 0.0
-
-
-def _error_meter(w: torch.Tensor, H: torch.Tensor):
-    """(output_error(w, q, H) as a function of q, tr(W H W^T)).
-
-    tr(W H W^T) = 2 ||W X||^2 / tokens is the layer's float output energy per token."""
-    Hf = H.to(w.dtype)
-    ww = _energy(w, Hf)
-
-    def err(q: torch.Tensor) -> float:
-        e2 = _energy(w - q.to(w.dtype), Hf)
-        return float(np.sqrt(max(e2, 0.0) / ww)) if ww > 0 else 0.0
-    return err, ww
+    return ErrorMeter(w, H)(q)
 
 
 def plain_fit(w: torch.Tensor, H: torch.Tensor, tier: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,12 +161,12 @@ def plain_fit_errors(w: torch.Tensor, H: torch.Tensor, tiers) -> tuple[dict[str,
     per tier instead of a GPTQ sweep and a refit. GPTQ + refit lower a layer's error by a similar
     factor at every tier (policy.py gives the measured factors), so the plain-fit errors rank a
     layer's tiers the way the final errors would."""
-    err_of, ww = _error_meter(w, H)
+    err_of = ErrorMeter(w, H)
     out = {}
     for t in tiers:
         codes, scales = plain_fit(w, H, t)
         out[t] = err_of(dequantize(codes, scales, grid(t).group, w.dtype))
-    return out, ww
+    return out, err_of.ww
 
 
 def _upper_inverse_cholesky(H: torch.Tensor) -> torch.Tensor:
@@ -156,48 +184,88 @@ def _upper_inverse_cholesky(H: torch.Tensor) -> torch.Tensor:
     return torch.flip(Linv, (0, 1)).contiguous()
 
 
+@dataclass
+class HessianPrep:
+    """What a GPTQ sweep takes from one Hessian; the layers of a stage share their input, so the
+    pipeline prepares it once per stage (prepare_hessian) and passes it to each layer."""
+
+    dead: torch.Tensor       # [cols] bool: columns that never see a non-zero input (set to 0)
+    h_diag: torch.Tensor     # [cols] the Hessian diagonal (dead: 1), the ternary fit's weights
+    U: torch.Tensor          # [cols, cols] upper Cholesky factor of the damped H^-1
+    damp: float
+
+
+def prepare_hessian(H: torch.Tensor, damp: float = 0.01, dtype: torch.dtype = torch.float32
+                    ) -> HessianPrep:
+    """The damped H's inverse Cholesky factor (computed in float64, returned in `dtype`)."""
+    H = H.to(torch.float64).clone()
+    dead = torch.diagonal(H) <= 0
+    H[dead, dead] = 1.0
+    h_diag = torch.diagonal(H).to(dtype).clone()
+    H.diagonal().add_(damp * float(torch.diagonal(H).mean()))
+    U = _upper_inverse_cholesky(H).to(dtype)
+    return HessianPrep(dead, h_diag, U, damp)
+
+
+SUB_BLOCK = 16      # columns per eager rank-1 update inside a block (see quantize_gptq)
+
+
 def quantize_gptq(w: torch.Tensor, H: torch.Tensor, g: Grid, damp: float = 0.01,
-                  block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+                  block: int = 128, prep: HessianPrep | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ sweep of w [rows, cols] with Hessian H [cols, cols]; returns (codes, scales).
 
-    The sweep runs in w's dtype; H^-1's Cholesky factor in float64 (see the file header)."""
+    The sweep runs in w's dtype; H^-1's Cholesky factor in float64 (see the file header). It works
+    on W^T so that a column is one contiguous row. Three levels of lazy updates, all exact GPTQ
+    (only the order of the additions differs): column j's error goes eagerly (rank-1) into the
+    rest of its sub-block of SUB_BLOCK columns only; a finished sub-block's errors go into the
+    rest of the block as one product; a finished block's into all later columns as one product.
+    A group's scale is fitted when the sweep reaches the group's first column, by which time
+    every earlier column's error has reached all of the group's columns."""
     rows, cols = w.shape
     if cols % g.group:
         raise BonsaiError(f"{cols} input columns do not split into groups of {g.group}")
     dt = w.dtype
-    W = w.clone()
-    H = H.to(torch.float64).clone()
-    dead = torch.diagonal(H) <= 0
-    H[dead, dead] = 1.0
-    W[:, dead] = 0.0
-    h_diag = torch.diagonal(H).to(dt).clone()
-    H.diagonal().add_(damp * float(torch.diagonal(H).mean()))
-    U = _upper_inverse_cholesky(H).to(dt)
-    del H
+    if prep is None or prep.damp != damp:
+        prep = prepare_hessian(H, damp, dt)
+    U = prep.U.to(dt)
+    h_diag = prep.h_diag.to(dt)
+    WT = w.T.contiguous()                                  # [cols, rows]
+    WT[prep.dead] = 0.0
     block = max(block // g.group, 1) * g.group
-    codes = torch.zeros((rows, cols), dtype=torch.int8, device=w.device)
+    sub = min(SUB_BLOCK, g.group)
+    QT = torch.empty_like(WT)                              # codes (as values), transposed
+    ET = torch.empty((block, rows), dtype=dt, device=w.device)
     scales = torch.zeros((rows, cols // g.group), dtype=dt, device=w.device)
+    d = torch.diagonal(U).tolist()
+    zero = torch.zeros((), dtype=dt, device=w.device)
     for i1 in range(0, cols, block):
         i2 = min(i1 + block, cols)
-        W1 = W[:, i1:i2].clone()
-        E1 = torch.zeros_like(W1)
-        U1 = U[i1:i2, i1:i2]
-        d = torch.diagonal(U1).tolist()
-        s = None
-        for i in range(i2 - i1):
-            c = i1 + i
-            if c % g.group == 0:
-                s = g.group_scale(W1[:, i:i + g.group], h_diag[c:c + g.group])
-                scales[:, c // g.group] = s
-            col = W1[:, i]
-            q = g.round(col, s)
-            codes[:, c] = q
-            err = (col - s * q) / d[i]
-            W1[:, i:].addr_(err, U1[i, i:], alpha=-1.0)
-            E1[:, i] = err
+        n = i2 - i1
+        Wb, Qb, Eb, Ub = WT[i1:i2], QT[i1:i2], ET[:n], U[i1:i2, i1:i2]
+        for j0 in range(0, n, sub):
+            c0 = i1 + j0
+            if c0 % g.group == 0:
+                s = g.group_scale(Wb[j0:j0 + g.group].T, h_diag[c0:c0 + g.group])
+                scales[:, c0 // g.group] = s
+                if g.ternary:            # round_ternary: sign(w) where |w| > s/2, 0 where s = 0
+                    half = torch.where(s > 0, 0.5 * s, torch.full_like(s, float("inf")))
+            j1 = min(j0 + sub, n)
+            for j in range(j0, j1):
+                col = Wb[j]
+                if g.ternary:
+                    torch.where(col.abs() > half, col.sign(), zero, out=Qb[j])
+                else:
+                    Qb[j] = g.round(col, s)
+                torch.addcmul(col, s, Qb[j], value=-1.0, out=Eb[j])
+                Eb[j].div_(d[i1 + j])
+                if j + 1 < j1:
+                    Wb[j + 1:j1].addr_(Ub[j, j + 1:j1], Eb[j], alpha=-1.0)
+            if j1 < n:
+                Wb[j1:].addmm_(Ub[j0:j1, j1:].T, Eb[j0:j1], alpha=-1.0)
         if i2 < cols:
-            W[:, i2:].addmm_(E1, U[i1:i2, i2:], alpha=-1.0)
-    return codes, scales
+            WT[i2:].addmm_(U[i1:i2, i2:].T, Eb, alpha=-1.0)
+    return QT.T.to(torch.int8).contiguous(), scales
 
 
 def refit_scales(w: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, H: torch.Tensor,
@@ -208,6 +276,13 @@ def refit_scales(w: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, H: 
     negating its group's codes (same values). The products A_r H run in w's dtype, the per-row
     ng x ng systems are solved in float64.
     """
+    codes, out, _, _ = _refit(w, codes, scales, H, g)
+    return codes, out
+
+
+def _refit(w, codes, scales, H, g):
+    """refit_scales, and Q H for the weights before and after ([rows, cols] each): Q H =
+    sum_g s_g (A_g H), from the products the refit forms anyway (no extra matrix product)."""
     rows, cols = w.shape
     group = g.group
     ng = cols // group
@@ -217,6 +292,8 @@ def refit_scales(w: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, H: 
     Hd = H.to(dt)
     Hg = Hd.reshape(ng, group, cols)
     out = scales.clone()
+    qh_old = torch.empty((rows, cols), dtype=dt, device=w.device)
+    qh_new = torch.empty_like(qh_old)
     ridge = 1e-9 * (float(torch.diagonal(H).double().mean()) or 1.0)
     eye = torch.eye(ng, dtype=torch.float64, device=w.device)
     for r0 in range(0, rows, chunk):
@@ -225,19 +302,28 @@ def refit_scales(w: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, H: 
         TH = torch.bmm(Tg.transpose(0, 1), Hg)                            # A_r H: [ng, r, cols]
         M = torch.einsum("grhc,rhc->rgh", TH.reshape(ng, r1 - r0, ng, group), Tg).double()
         b = torch.einsum("grc,rc->rg", TH, w[r0:r1]).double()
-        del TH
         s_new = to_fp16(torch.linalg.solve(M + ridge * eye, b[..., None])[..., 0])
         s_old = out[r0:r1].double()
         # row error = w H w^T - 2 s.b + s^T M s; the first term is common to both
         better = _quad(M, b, s_new) < _quad(M, b, s_old)
+        _combine(TH, out[r0:r1], qh_old[r0:r1])
         out[r0:r1][better] = s_new[better].to(dt)
+        _combine(TH, out[r0:r1], qh_new[r0:r1])
+        del TH
     if g.qmin == -g.qmax:
         neg = out < 0
         if bool(neg.any()):
             flip = torch.where(neg, -1, 1).to(torch.int8).repeat_interleave(group, dim=1)
             codes *= flip
             out = out.abs()
-    return codes, out
+    return codes, out, qh_old, qh_new
+
+
+def _combine(TH: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> None:
+    """out[r] = sum_g s[r, g] TH[g, r]: Q H of the rows from their groups' A_g H."""
+    torch.mul(TH[0], s[:, :1], out=out)
+    for gi in range(1, TH.shape[0]):
+        out.addcmul_(TH[gi], s[:, gi:gi + 1])
 
 
 def _quad(M: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -302,6 +388,7 @@ class LayerResult:
     err_plain: float | None  # relative output error of the plain per-group fit
     err_gptq: float | None   # ... after the GPTQ sweep
     err: float | None        # ... final (after the least-squares scale refit)
+    cosine: float | None = None   # output cosine of the final weights (ErrorMeter)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize(self.codes, self.scales, grid(self.tier).group, dtype)
@@ -311,16 +398,19 @@ class LayerResult:
         return (self.codes.cpu().numpy(), self.scales.to("cpu", torch.float32).numpy())
 
 
-def quantize_layer(w: torch.Tensor, H: torch.Tensor, tier: str, damp: float = 0.01) -> LayerResult:
-    """Plain fit (for the log), GPTQ sweep, then least-squares scale refit; keeps the best."""
+def quantize_layer(w: torch.Tensor, H: torch.Tensor, tier: str, damp: float = 0.01,
+                   prep: HessianPrep | None = None) -> LayerResult:
+    """Plain fit (for the log), GPTQ sweep, then least-squares scale refit; keeps the best.
+    `prep`: prepare_hessian(H, damp), when the caller shares it between layers."""
     g = grid(tier)
+    meter = ErrorMeter(w, H)
     pc, ps = plain_fit(w, H, tier)
-    err_of, _ = _error_meter(w, H)
-    err_plain = err_of(dequantize(pc, ps, g.group, w.dtype))
-    codes, scales = quantize_gptq(w, H, g, damp)
-    err_gptq = err_of(dequantize(codes, scales, g.group, w.dtype))
-    codes, scales = refit_scales(w, codes, scales, H, g)
-    err = err_of(dequantize(codes, scales, g.group, w.dtype))
+    err_plain, cos_plain = meter.metrics(dequantize(pc, ps, g.group, w.dtype))
+    codes, scales = quantize_gptq(w, H, g, damp, prep=prep)
+    q_gptq = dequantize(codes, scales, g.group, w.dtype)
+    codes, scales, qh_gptq, qh = _refit(w, codes, scales, H, g)
+    err_gptq = meter.metrics(q_gptq, qh_gptq)[0]
+    err, cos = meter.metrics(dequantize(codes, scales, g.group, w.dtype), qh)
     if err_plain < err:
-        codes, scales, err = pc, ps, err_plain
-    return LayerResult(tier, codes, scales, err_plain, err_gptq, err)
+        codes, scales, err, cos = pc, ps, err_plain, cos_plain
+    return LayerResult(tier, codes, scales, err_plain, err_gptq, err, cos)

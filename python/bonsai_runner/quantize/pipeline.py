@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from ..errors import BonsaiError
-from .gptq import (LayerResult, dequantize, grid, plain_fit_errors, quantize_absmean,
-                   quantize_layer, quantize_rtn, reference_codes)
+from .gptq import (LayerResult, dequantize, grid, plain_fit_errors, prepare_hessian,
+                   quantize_absmean, quantize_layer, quantize_rtn, reference_codes)
 from .hf_layers import CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, STAGES, HfLayers, resolve_device
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
@@ -589,11 +589,15 @@ class Quantizer:
         res = LayerResult("q8_0", codes, scales, None, None, None)
         q = res.dequantize()
         n_seq = max(1, min(x.shape[0], 1024 // max(x.shape[1], 1)))
-        a = self.blocks.activations(i, qw, x[:n_seq], INPUT_OF[key]).double()
-        y, yq = a @ w[key].T.double(), a @ q.T.double()
-        den = float(torch.sqrt((y * y).sum() * (yq * yq).sum()))
-        cos = float((y * yq).sum() / den) if den > 0 else 1.0
-        rel = float(torch.sqrt(((y - yq) ** 2).sum() / max(float((y * y).sum()), 1e-300)))
+        a = self.blocks.activations(i, qw, x[:n_seq], INPUT_OF[key])
+        # float32 products (the float64 ones cost ~1 s a block); the error from the difference
+        # of the weights, not of two near-equal outputs; sums in float64
+        y, ye = a @ w[key].T, a @ (w[key] - q).T
+        yy, ee, ye_ = (float(torch.linalg.vecdot(u, v, dim=-1).sum(dtype=torch.float64))
+                       for u, v in ((y, y), (ye, ye), (y, ye)))
+        qq = yy - 2.0 * ye_ + ee
+        cos = (yy - ye_) / float(np.sqrt(yy * qq)) if yy > 0 and qq > 0 else 1.0
+        rel = float(np.sqrt(ee / max(yy, 1e-300)))
         if reason is None and not pinned:
             reason = "default policy: down_proj kept at Q8_0" if key == "down" else None
         elif pinned and reason is None:
@@ -632,7 +636,7 @@ class Quantizer:
         stored: dict[str, tuple[LayerResult, dict]] = {}
         tiers, reasons = self._block_tiers(i)
         for stage in STAGES:
-            H = C = None
+            H = C = prep = None
             for key in stage:
                 if key not in w:                # not a tensor of this kind of layer
                     continue
@@ -679,8 +683,11 @@ class Quantizer:
                             C = self._cross_of(i, x, x_fp, qw, w, INPUT_OF[key])
                         target = self._float_target(w[key], H, C)
                 with self.timer("gptq"):
-                    res = quantize_layer(target, H, t, o.damp)
-                    cos, rel = output_metrics(w[key], res.dequantize(), H)
+                    if prep is None:
+                        prep = prepare_hessian(H, o.damp, target.dtype)
+                    res = quantize_layer(target, H, t, o.damp, prep)
+                    cos, rel = (res.cosine, res.err) if target is w[key] else \
+                        output_metrics(w[key], res.dequantize(), H)
                 reason = reasons.get(key)
                 if t == "q8_0" and reason is None and not pinned:
                     reason = "default policy: down_proj kept at Q8_0"
@@ -691,8 +698,8 @@ class Quantizer:
                               "Q8_0")
                     first = {"tier": t, "cosine": cos, "rel_err": rel}
                     with self.timer("gptq"):
-                        res = quantize_layer(w[key], H, "q8_0", o.damp)
-                        cos, rel = output_metrics(w[key], res.dequantize(), H)
+                        res = quantize_layer(w[key], H, "q8_0", o.damp, prep)
+                        cos, rel = res.cosine, res.err
                     rep.layers.setdefault("fallback", {})[key] = first
                 stored[key] = (res, {"cosine": cos, "rel_err": rel, "reason": reason})
                 qw[key] = res.dequantize()

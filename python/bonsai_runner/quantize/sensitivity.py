@@ -23,17 +23,10 @@ import torch
 
 def output_metrics(w: torch.Tensor, q: torch.Tensor, H: torch.Tensor) -> tuple[float, float]:
     """(cosine, rel_err) of the layer outputs W X and Q X (see the file header)."""
-    Hf = H.to(w.dtype)
-    q = q.to(w.dtype)
-    WH = w @ Hf
-    ww = float((WH * w).sum(dtype=torch.float64))
-    wq = float((WH * q).sum(dtype=torch.float64))
-    qq = float(((q @ Hf) * q).sum(dtype=torch.float64))
-    e = w - q
-    ee = max(float(((e @ Hf) * e).sum(dtype=torch.float64)), 0.0)
-    cos = wq / np.sqrt(ww * qq) if ww > 0 and qq > 0 else (1.0 if ee == 0 else 0.0)
-    rel = float(np.sqrt(ee / ww)) if ww > 0 else 0.0
-    return float(cos), rel
+    from .gptq import ErrorMeter
+
+    rel, cos = ErrorMeter(w, H).metrics(q)
+    return cos, rel
 
 
 def cross_entropy(hidden: torch.Tensor, tokens: np.ndarray, final_norm, head: torch.Tensor
