@@ -44,7 +44,7 @@ def bench_layer(args) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT / "python"))
-    from bonsai_runner.quantize.gptq import quantize_layer, reference_codes
+    from bonsai_runner.quantize.gptq import prepare_hessian, quantize_layer, reference_codes
     from bonsai_runner.quantize.hf_layers import HfLayers, linear_inputs, resolve_device
 
     dev = resolve_device(args.device)
@@ -82,6 +82,7 @@ def bench_layer(args) -> dict:
                     H = a.T @ a if H is None else H.addmm_(a.T, a)
                     cnt += a.shape[0]
                 H *= 2.0 / cnt
+            prep = None               # H's GPTQ preparation, shared by the stage's layers
             sync()
             sec["hessian"] += time.perf_counter() - t0
             for m in todo:
@@ -90,7 +91,9 @@ def bench_layer(args) -> dict:
                 if m.endswith("down_proj"):
                     codes, scales = reference_codes(w, "q8_0")
                 else:
-                    res = quantize_layer(w, H, "ptq1_0")
+                    if prep is None:      # timed with GPTQ: it does not grow with the tokens
+                        prep = prepare_hessian(H)
+                    res = quantize_layer(w, H, "ptq1_0", prep=prep)
                     codes, scales = res.codes, res.scales
                 sync()
                 dt = time.perf_counter() - t0
