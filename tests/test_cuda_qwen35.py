@@ -17,6 +17,7 @@ import pytest
 from qwen35_factory import make_qwen35_model
 from test_convert import run_convert
 from test_cuda_engine import compare
+from test_qwen35_run import _greedy_tokens as _greedy
 
 core = pytest.importorskip("bonsai_runner._core")
 cuda = pytest.mark.cuda
@@ -90,15 +91,6 @@ def test_interleaved_sequences_match_cpu(files, ngl):
     path = files["q8_0"]
     compare(f"qwen35 interleaved ngl={ngl}", _interleaved(path, 0), _interleaved(path, ngl))
 
-
-def _greedy(ctx, ids, n, seq=0, start=0):
-    out = []
-    logits = ctx.decode(ids[start:], pos=list(range(start, len(ids))), seq_ids=[seq] * (len(ids) - start))
-    for k in range(n):
-        t = int(np.argmax(logits[-1]))
-        out.append(t)
-        logits = ctx.decode([t], pos=[len(ids) + k], seq_ids=[seq])
-    return out
 
 
 @cuda
