@@ -20,7 +20,8 @@ from numpy_quantizer import quantize_layer as np_quantize_layer
 
 from bonsai_runner.errors import BonsaiError
 from bonsai_runner.quantize.gptq import quantize_layer
-from bonsai_runner.quantize.hf_layers import HfLayers, linear_inputs, resolve_device
+from bonsai_runner.quantize.hf_layers import (HfLayers, linear_inputs, resolve_device,
+                                              resolve_forward_dtype)
 from bonsai_runner.quantize.ternary_fit import fit_ternary_groups
 
 TIERS = ("ptq1_0", "q2_0", "q4_0", "q8_0")
@@ -120,6 +121,45 @@ def test_qwen35_layers_run_as_transformers_runs_them(qwen35):
                         ["self_attn.o_proj"]] + mlp
 
 
+def test_bfloat16_forward_is_float32_outside_and_close_to_the_float32_one(qwen35):
+    """--forward-dtype bfloat16: the layer output and every captured input come back float32,
+    within bfloat16's rounding of the float32 forward; the stage discovery is unchanged, and a
+    forward under autograd (the refinement) stays float32 exactly."""
+    d, model = qwen35
+    config = json.loads((d / "config.json").read_text())
+    f32 = HfLayers(config, torch.device("cpu"))
+    bf16 = HfLayers(config, torch.device("cpu"), forward_dtype=torch.bfloat16)
+    sd = model.state_dict()
+    x = torch.randn(2, 16, QWEN35["hidden_size"], generator=torch.Generator().manual_seed(4))
+    for i in (0, 3):                                   # a GDN layer and an attention layer
+        params = {n: sd[f"model.layers.{i}.{n}"] for n in f32.param_names(i)}
+        caps = {}
+        with torch.no_grad():
+            want = f32.forward(i, params, x, lambda n, a: caps.setdefault(("f", n), a))
+            got = bf16.forward(i, params, x, lambda n, a: caps.setdefault(("b", n), a))
+        assert got.dtype == torch.float32
+        rel = float((got - want).norm() / (want - x).norm())
+        assert 0 < rel < 0.03, rel
+        for (tag, n), a in caps.items():
+            if tag == "b":
+                assert a.dtype == torch.float32
+                ref = caps[("f", n)]
+                assert float((a - ref).norm() / ref.norm()) < 0.03, n
+        assert linear_inputs(bf16, i, params, x) == linear_inputs(f32, i, params, x)
+        with torch.enable_grad():
+            torch.testing.assert_close(bf16.forward(i, params, x), want, rtol=0, atol=0)
+
+
+def test_forward_dtype_choice():
+    cpu = torch.device("cpu")
+    assert resolve_forward_dtype("float32", cpu) == torch.float32
+    assert resolve_forward_dtype("bfloat16", cpu) == torch.bfloat16
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert resolve_forward_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
+    with pytest.raises(BonsaiError, match="--forward-dtype 'half'"):
+        resolve_forward_dtype("half", cpu)
+
+
 def test_qwen35_gdn_projection_is_calibrated_by_gptq(qwen35):
     """The GDN in_proj_qkv is a linear weight like any other: its Hessian from the captured
     inputs of transformers' layer, then GPTQ lowers its output error below the plain fit."""
@@ -171,6 +211,27 @@ def test_report_has_the_device_and_time_per_stage(tmp_path):
         batch_size=2, calib_steps=1, progress=False, device="cpu"), log=logs.append)
     timing = Ptq1Dir(tmp_path / "o").quant_config["calibration"]["compute"]
     assert timing == res["report"]["timing"] and timing["device"] == "cpu"
+    assert timing["forward_dtype"] in ("float32", "bfloat16")
     assert {"load", "hessian", "gptq", "refine", "forward", "write"} <= set(timing["seconds"])
     assert timing["total_seconds"] >= sum(timing["seconds"].values()) - 1e-3
     assert any(ln.startswith("time on cpu:") for ln in logs)
+
+
+def test_bfloat16_forward_runs_the_whole_pipeline(tmp_path):
+    """An explicit --forward-dtype bfloat16 (emulated on CPUs without it, native where auto picks
+    it): the Hessians captured inside the autocast forward are float32 sums (the --target-bpw
+    pre-pass accumulates them in the capture hook), the result is written and says its dtype."""
+    from bonsai_runner.convert.ptq1_dir import Ptq1Dir
+    from bonsai_runner.quantize import QuantizeOptions, quantize_model
+
+    m = make_hf_model(tmp_path / "m", arch="qwen2", tokenizer="bpe", seed=5, hidden=128,
+                      ffn=256, n_layer=2, n_head=4, n_head_kv=2)
+    res = quantize_model(QuantizeOptions(
+        model_dir=str(m["dir"]), output_dir=str(tmp_path / "o"), target_bpw=3.0,
+        calib_file=str(write_calibration(tmp_path / "c.jsonl")), seq_len=32, max_samples=4,
+        batch_size=2, progress=False, device="cpu", forward_dtype="bfloat16"), log=lambda m: None)
+    assert Ptq1Dir(tmp_path / "o").quant_config["calibration"]["compute"]["forward_dtype"] \
+        == "bfloat16"
+    errs = [v["err"] for b in res["report"]["blocks"] for v in b["layers"].values()
+            if isinstance(v, dict) and "err" in v]
+    assert errs and all(0 <= e < 1 for e in errs)

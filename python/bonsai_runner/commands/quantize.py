@@ -75,6 +75,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="torch device of the quantizer: auto (CUDA when available), cpu, cuda, "
                         "cuda:N")
+    p.add_argument("--forward-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="precision of the calibration forwards (the quantized weights, the "
+                   "Hessian sums and GPTQ stay float32): auto = bfloat16 where the device "
+                   "multiplies it natively (CUDA Ampere or newer; x86 CPUs with AVX512_BF16 or "
+                   "AMX), else float32")
     p.add_argument("--force", action="store_true", help="replace existing outputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         damp=args.damp, method=args.method,
         equalize=args.equalize, refine_target=args.refine_target,
         float_target=args.float_target, force=args.force, progress=not args.no_progress,
-        device=args.device)
+        device=args.device, forward_dtype=args.forward_dtype)
     result = quantize_model(opts)
     if result["output_dir"]:
         print(result["output_dir"])

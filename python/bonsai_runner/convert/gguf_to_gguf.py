@@ -1,8 +1,10 @@
 """GGUF -> GGUF re-typing, exact unless --allow-lossy.
 
-Reading: files whose tensor types the `gguf` package knows (F32 ... Q4_K_M ... TQ2_0) are read
-with gguf.GGUFReader, which also gives every metadata value's exact GGUF type; files holding Q2_0
-(42), PQ2_0 (142) or PTQ1_0 (143) go through bonsai_runner.gguf_reader (id 42 resolved by size).
+Reading: bonsai_runner.gguf_reader (the C++ reader: every metadata value with its exact GGUF type,
+tensors as zero-copy views; Q2_0 = 42 resolved by size, PQ2_0 = 142, PTQ1_0 = 143), with
+gguf.GGUFReader as the fallback for a file the C++ reader refuses (its error is the one reported
+when both do). Same values and types from both; the C++ one reads Qwen2.5-0.5B's 151k-token
+vocabulary in 0.13 s where gguf.GGUFReader's Python field parser takes 16-18 s.
 Dequantization: gguf.quants for the standard ids, bonsai_runner.quants for the ternary ones.
 
 Output types of the tensors (a 1-D tensor is always F32, and so are convolution taps,
@@ -60,15 +62,13 @@ class GgufSource:
         self.tensors: list[RawTensor] = []
         self.names: list[str] = []
         try:
-            self._read_with_gguf()
-        except (ValueError, KeyError, IndexError) as first:
+            self._read_with_bonsai()
+        except BonsaiError as first:
             self.metadata, self.tensors, self.names = [], [], []
             try:
-                self._read_with_bonsai()
-            except BonsaiError:
-                raise
-            except Exception as e:
-                raise BonsaiError(f"{self.path}: not a readable GGUF file ({first}; {e})") from None
+                self._read_with_gguf()
+            except (ValueError, KeyError, IndexError, BonsaiError):
+                raise first from None
 
     def _read_with_gguf(self) -> None:
         import gguf

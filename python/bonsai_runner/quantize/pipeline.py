@@ -49,7 +49,8 @@ import torch
 from ..errors import BonsaiError
 from .gptq import (LayerResult, dequantize, grid, plain_fit_errors, prepare_hessian,
                    quantize_absmean, quantize_layer, quantize_rtn, reference_codes)
-from .hf_layers import CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, STAGES, HfLayers, resolve_device
+from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, STAGES, HfLayers,
+                        resolve_device, resolve_forward_dtype)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
 from .sensitivity import HeldOut, output_metrics
@@ -86,6 +87,7 @@ class QuantizeOptions:
     force: bool = False
     progress: bool = True
     device: str = "auto"                   # auto | cpu | cuda | cuda:N (hf_layers.resolve_device)
+    forward_dtype: str = "auto"            # calibration forward: auto | float32 | bfloat16
 
 
 def _stderr(msg: str) -> None:
@@ -244,7 +246,8 @@ class Quantizer:
         shapes = {n: self.ckpt.shape(n) for n in self.ckpt.tensor_names()}
         self.specs = self.family.validate_tensors(shapes, str(opts.model_dir))
         self.hp = self.family.hp
-        self.layers = HfLayers(self.ckpt.config, self.device, where)
+        self.forward_dtype = resolve_forward_dtype(opts.forward_dtype, self.device)
+        self.layers = HfLayers(self.ckpt.config, self.device, where, self.forward_dtype)
         self.blocks = BlockRunner(self.layers, max(opts.batch_size, 1))
         self.tokenizer = Tokenizer(self.tokenizer_dir)
         self.policy = Policy(opts.group_size, opts.embed_type, tuple(parse_policy(opts.policy)))
@@ -343,8 +346,9 @@ class Quantizer:
 
         o = self.opts
         t_start = time.perf_counter()
+        fwd = str(self.forward_dtype).removeprefix("torch.")
         self.log(f"computing on {self.device} with torch {torch.__version__} (float32; "
-                 f"{torch.get_num_threads()} CPU threads)")
+                 f"calibration forward in {fwd}; {torch.get_num_threads()} CPU threads)")
         with self.timer("ternary scan"):
             lossless = self.scan_ternary()
         n_linear = sum(1 for s in self.specs
@@ -787,7 +791,7 @@ class Quantizer:
         self.log(f"time on {self.device}: " + ", ".join(f"{k} {v:.1f} s" for k, v in sec.items())
                  + f"; total {total:.1f} s (before the GGUF conversion)")
         return {"device": str(self.device), "torch": torch.__version__,
-                "seconds": sec, "total_seconds": round(total, 3)}
+                "forward_dtype": str(self.forward_dtype).removeprefix("torch."), "seconds": sec, "total_seconds": round(total, 3)}
 
     def _print_table(self, records, summary, report) -> None:
         rows = [r for r in records if r.fallback_reason]
