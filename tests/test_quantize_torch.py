@@ -235,3 +235,42 @@ def test_bfloat16_forward_runs_the_whole_pipeline(tmp_path):
     errs = [v["err"] for b in res["report"]["blocks"] for v in b["layers"].values()
             if isinstance(v, dict) and "err" in v]
     assert errs and all(0 <= e < 1 for e in errs)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen35"])
+@pytest.mark.parametrize("forward_dtype", ["float32", "bfloat16"])
+def test_mixer_shortcut_changes_nothing(tmp_path, monkeypatch, arch, forward_dtype):
+    """The later stages of a block take the attention / Gated DeltaNet output from the cached
+    inputs of o_proj / out_proj (pipeline.Shortcut): the written tensors are the same bytes as
+    with the mixer re-run at every stage, and the shortcut was taken (checked exact, not
+    fallen back)."""
+    from bonsai_runner.quantize import QuantizeOptions, quantize_model
+    from bonsai_runner.quantize import pipeline
+
+    if arch == "qwen2":
+        d = make_hf_model(tmp_path / "m", arch="qwen2", tokenizer="bpe", seed=6, hidden=128,
+                          ffn=256, n_layer=2, n_head=4, n_head_kv=2)["dir"]
+    else:
+        from qwen35_factory import make_qwen35_model
+
+        d = tmp_path / "m"
+        make_qwen35_model(d, seed=3, hidden_size=128, intermediate_size=256, head_dim=64,
+                          num_attention_heads=2, num_key_value_heads=1, linear_num_key_heads=2,
+                          linear_num_value_heads=4, linear_key_head_dim=32,
+                          linear_value_head_dim=128)
+    calib = write_calibration(tmp_path / "c.jsonl")
+    made = []
+    real = pipeline.BlockRunner.shortcut
+    monkeypatch.setattr(pipeline.BlockRunner, "shortcut",
+                        lambda self, *a: made.append(real(self, *a)) or made[-1])
+    outs = {}
+    for tag, inputs in (("short", pipeline.SHORTCUT_INPUTS), ("full", ())):
+        monkeypatch.setattr(pipeline, "SHORTCUT_INPUTS", inputs)
+        quantize_model(QuantizeOptions(
+            model_dir=str(d), output_dir=str(tmp_path / tag), calib_file=str(calib), seq_len=32,
+            max_samples=6, batch_size=4, progress=False, device="cpu",
+            forward_dtype=forward_dtype), log=lambda m: None)
+        outs[tag] = (tmp_path / tag / "model.safetensors").read_bytes()
+    n_layer = 2 if arch == "qwen2" else 4
+    assert len(made) == n_layer and all(s is not None for s in made)
+    assert outs["short"] == outs["full"]

@@ -64,6 +64,10 @@ INPUT_OF = {"q": "attn_in", "k": "attn_in", "v": "attn_in", "o": "o_in",
 CAPTURE_MODULE = {"attn_in": "self_attn.q_proj", "o_in": "self_attn.o_proj",
                   "gdn_in": "linear_attn.in_proj_qkv", "gdn_out_in": "linear_attn.out_proj",
                   "ffn_in": "mlp.gate_proj", "down_in": "mlp.down_proj"}
+# Inputs of a token mixer's LAST linear (its output is the mixer's output): once that linear is
+# quantized, the later stages of the block take the mixer's output from the cached inputs
+# instead of re-running attention / the delta rule (BlockRunner.shortcut checks that it is exact).
+SHORTCUT_INPUTS = ("o_in", "gdn_out_in")
 # Quantization stages inside a block: layers sharing an input are quantized together, and each
 # stage sees the outputs of the already-quantized stages before it. A layer has either the
 # attention stages (q/k/v, o) or the GDN ones (qkv/z/a/b, ssm_out); the others are skipped.
@@ -174,14 +178,22 @@ class HfLayers:
         return kw
 
     def forward(self, i: int, params: dict[str, torch.Tensor], x: torch.Tensor,
-                capture=None, stop_after: str | None = None) -> torch.Tensor | None:
+                capture=None, stop_after: str | None = None, replace=None
+                ) -> torch.Tensor | None:
         """Layer i's output (float32) for hidden states x [B, T, d] on the device, with weights
         `params` (transformers names inside the layer), computed in `forward_dtype` (the file
         header). capture(module name, input [B*T, in], float32) is called with the input of every
         linear module; after `stop_after`'s input the forward ends and None is returned. Under
-        autograd (the scale refinement) the forward is float32 always."""
+        autograd (the scale refinement) the forward is float32 always.
+
+        replace = (module name, make): that submodule is not run; its output is make(layer), where
+        make may call the layer's own submodules (their weights are `params`, and the capture
+        hooks see them): the cached-input shortcut of the pipeline (BlockRunner.shortcut)."""
         layer = self.layers[i]
         hooks = []
+        if replace is not None:
+            name, make = replace
+            layer.get_submodule(name).forward = lambda *a, **k: make(layer)
         if capture is not None:
             for name, mod in layer.named_modules():
                 if isinstance(mod, torch.nn.Linear):
@@ -202,6 +214,8 @@ class HfLayers:
         finally:
             for h in hooks:
                 h.remove()
+            if replace is not None:
+                del layer.get_submodule(replace[0]).forward      # back to the class's forward
         out = out[0] if isinstance(out, tuple) else out
         return out.float()
 
@@ -226,5 +240,5 @@ def linear_inputs(hl: HfLayers, i: int, params: dict, x: torch.Tensor) -> list[l
     return [names for _, names in seen]
 
 
-__all__ = ["FORWARD_DTYPES", "HF_KEYS", "INPUT_OF", "LINEARS", "STAGES", "HfLayers",
+__all__ = ["FORWARD_DTYPES", "HF_KEYS", "INPUT_OF", "LINEARS", "SHORTCUT_INPUTS", "STAGES", "HfLayers",
            "linear_inputs", "resolve_device", "resolve_forward_dtype"]

@@ -49,8 +49,8 @@ import torch
 from ..errors import BonsaiError
 from .gptq import (LayerResult, dequantize, grid, plain_fit_errors, prepare_hessian,
                    quantize_absmean, quantize_layer, quantize_rtn, reference_codes)
-from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, STAGES, HfLayers,
-                        resolve_device, resolve_forward_dtype)
+from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, SHORTCUT_INPUTS, STAGES,
+                        HfLayers, resolve_device, resolve_forward_dtype)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
 from .sensitivity import HeldOut, output_metrics
@@ -142,45 +142,110 @@ class Timer:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
 
 
+@dataclass
+class Shortcut:
+    """A token mixer's output from its last linear's cached inputs (hf_layers.SHORTCUT_INPUTS):
+    for the calibration stream's sequences, once that linear is quantized, the mixer's output is
+    that linear applied to the inputs captured when its Hessian was accumulated. The later stages
+    of the block (the FFN's Hessian, the down_proj check, the forward to the next block) then skip
+    the mixer's QKV / attention / delta-rule work."""
+
+    mixer: str                  # module whose output is replaced, e.g. "self_attn"
+    linear: str                 # its last linear, e.g. "self_attn.o_proj"
+    inputs: torch.Tensor        # [sequences, T, in] float32 on the host, as captured
+    tuple_len: int | None       # the mixer returns a tuple of this length (None: a tensor)
+
+
 class BlockRunner:
     """Runs block i (transformers' decoder layer, hf_layers.py) on the hidden states [N, T, d]
     (host tensors) in batches of `batch` sequences on the device, with weights w (short keys)."""
 
     def __init__(self, layers: HfLayers, batch: int):
         self.layers, self.batch, self.device = layers, batch, layers.device
+        self._exact: dict[tuple[str, str], tuple[bool, int | None]] = {}
 
-    def run(self, i: int, w: dict, xb: torch.Tensor, capture=None, stop_after=None):
-        """One batch already on the device (differentiable when called with grad enabled)."""
+    def run(self, i: int, w: dict, xb: torch.Tensor, capture=None, stop_after=None,
+            short: Shortcut | None = None, seqs: slice | None = None):
+        """One batch already on the device (differentiable when called with grad enabled);
+        with `short`, xb are the stream's sequences `seqs` and the mixer comes from the cache."""
         params = {HF_KEYS[k]: v for k, v in w.items()}
-        return self.layers.forward(i, params, xb, capture, stop_after)
+        replace = None
+        if short is not None:
+            def make(layer, short=short, seqs=seqs):
+                a = short.inputs[seqs].to(self.device)
+                y = layer.get_submodule(short.linear)(a)
+                return y if short.tuple_len is None else (y,) + (None,) * (short.tuple_len - 1)
+            replace = (short.mixer, make)
+        return self.layers.forward(i, params, xb, capture, stop_after, replace)
 
     @torch.no_grad()
-    def forward(self, i: int, w: dict, x: torch.Tensor, capture=None) -> torch.Tensor:
+    def forward(self, i: int, w: dict, x: torch.Tensor, capture=None,
+                short: Shortcut | None = None) -> torch.Tensor:
         out = torch.empty_like(x)
         for b in range(0, x.shape[0], self.batch):
-            out[b:b + self.batch] = self.run(i, w, x[b:b + self.batch].to(self.device),
-                                             capture).to(out.device)
+            sl = slice(b, b + self.batch)
+            out[sl] = self.run(i, w, x[sl].to(self.device), capture, short=short,
+                               seqs=sl).to(out.device)
         return out
 
     @torch.no_grad()
-    def activations(self, i: int, w: dict, x: torch.Tensor, wanted: str) -> torch.Tensor:
+    def activations(self, i: int, w: dict, x: torch.Tensor, wanted: str,
+                    short: Shortcut | None = None, first: int = 0) -> torch.Tensor:
         """The activations `wanted` ([tokens, features], on the device) of hidden states x (one
-        batch) in block i; the forward stops right after them."""
+        batch: the stream's sequences from `first` on, with `short`) in block i; the forward
+        stops right after them."""
         mod = CAPTURE_MODULE[wanted]
         got = []
-        self.run(i, w, x.to(self.device), lambda n, a: got.append(a) if n == mod else None, mod)
+        self.run(i, w, x.to(self.device), lambda n, a: got.append(a) if n == mod else None, mod,
+                 short, slice(first, first + x.shape[0]))
         return got[0]
 
     @torch.no_grad()
-    def hessian(self, i: int, w: dict, x_all: torch.Tensor, wanted: str) -> torch.Tensor:
+    def hessian(self, i: int, w: dict, x_all: torch.Tensor, wanted: str,
+                short: Shortcut | None = None, keep: bool = False):
         """H = 2 X^T X / tokens (float32, on the device) of the activations `wanted` when
-        running x_all through block i."""
-        H, n = None, 0
-        for b in range(0, x_all.shape[0], self.batch):
-            a = self.activations(i, w, x_all[b:b + self.batch], wanted)
+        running x_all through block i; with `keep`, (H, the activations [N, T, in] on the host,
+        float32 as captured, for a Shortcut)."""
+        H, n, kept = None, 0, None
+        N, T = x_all.shape[:2]
+        for b in range(0, N, self.batch):
+            xb = x_all[b:b + self.batch]
+            a = self.activations(i, w, xb, wanted, short, b)
             H = a.T @ a if H is None else H.addmm_(a.T, a)
             n += a.shape[0]
-        return H * (2.0 / max(n, 1))
+            if keep:
+                if kept is None:
+                    kept = torch.empty((N, T, a.shape[-1]), dtype=torch.float32)
+                kept[b:b + xb.shape[0]] = a.reshape(xb.shape[0], T, -1).to("cpu")
+        H = H * (2.0 / max(n, 1))
+        return (H, kept) if keep else H
+
+    @torch.no_grad()
+    def shortcut(self, i: int, w: dict, x: torch.Tensor, wanted: str, inputs: torch.Tensor
+                 ) -> Shortcut | None:
+        """The Shortcut of block i's mixer from the cached inputs of its last linear (`wanted`,
+        one of SHORTCUT_INPUTS), or None when it would not be exact: the first time a kind of
+        mixer is met, one batch runs both ways and the block outputs must be equal bit for bit
+        (a mixer that does more after its last linear is run in full, as before)."""
+        linear = CAPTURE_MODULE[wanted]
+        mixer = linear.rsplit(".", 1)[0]
+        mod = self.layers.layers[i].get_submodule(mixer)
+        kind = (type(mod).__name__, linear)
+        if kind not in self._exact:
+            xb = x[:self.batch].to(self.device)
+            seen = []
+            hook = mod.register_forward_hook(lambda m, args, out: seen.append(out))
+            try:
+                want = self.run(i, w, xb)
+            finally:
+                hook.remove()
+            out = seen[0]
+            tuple_len = len(out) if isinstance(out, tuple) else None
+            trial = Shortcut(mixer, linear, inputs, tuple_len)
+            got = self.run(i, w, xb, short=trial, seqs=slice(0, xb.shape[0]))
+            self._exact[kind] = (torch.equal(got, want), tuple_len)
+        ok, tuple_len = self._exact[kind]
+        return Shortcut(mixer, linear, inputs, tuple_len) if ok else None
 
     @torch.no_grad()
     def stage_hessians(self, i: int, w: dict, x_all: torch.Tensor, wanted
@@ -445,8 +510,8 @@ class Quantizer:
         for i in bar:
             with tm("load"):
                 w = _to_device(self.loader.load_block(i), dev)
-            rep, qw, stored = self._quantize_block(i, w, x, lossless,
-                                                   x_fp if o.float_target else None)
+            rep, qw, stored, short = self._quantize_block(i, w, x, lossless,
+                                                          x_fp if o.float_target else None)
             if x_fp is not None:
                 with tm("forward"):
                     x_fp = run.forward(i, w, x_fp)
@@ -454,6 +519,7 @@ class Quantizer:
                 from .refine import refine_block
 
                 self.log(f"blk.{i}: refining scales ({o.calib_steps} Adam steps, lr {o.lr})")
+                short = None            # the refined q/k/v change the cached mixer inputs
                 with tm("refine"):
                     target = x_fp if x_fp is not None else run.forward(i, w, x)
                     rep.refine = refine_block(x, target, lambda ww, xb, i=i: run.run(i, ww, xb),
@@ -481,12 +547,12 @@ class Quantizer:
                                                           if a.ndim == 2 else None))
             with tm("forward"):
                 if x is not None:
-                    x = run.forward(i, qw, x)
+                    x = run.forward(i, qw, x, short=short)
                 if heldout is not None:
                     heldout.step(i, lambda h, w=w, i=i: run.forward(i, w, h),
                                  lambda h, qw=qw, i=i: run.forward(i, qw, h))
             reports.append(rep)
-            del w, qw, stored
+            del w, qw, stored, short
         bar.close()
         with tm("write"):
             for s in head_specs:
@@ -586,14 +652,14 @@ class Quantizer:
                  f"above {base.upper()} (gain: {o.target_gain} output error per bit)")
         return plan
 
-    def _store_q8(self, i, key, w, qw, stored, rep, x, reason, pinned) -> None:
+    def _store_q8(self, i, key, w, qw, stored, rep, x, reason, pinned, short=None) -> None:
         """A Q8_0 layer by the reference block quantizer; cosine / relative output error are
         measured on the layer's inputs of the first calibration sequences (up to 1024 tokens)."""
         codes, scales = reference_codes(w[key], "q8_0")
         res = LayerResult("q8_0", codes, scales, None, None, None)
         q = res.dequantize()
         n_seq = max(1, min(x.shape[0], 1024 // max(x.shape[1], 1)))
-        a = self.blocks.activations(i, qw, x[:n_seq], INPUT_OF[key])
+        a = self.blocks.activations(i, qw, x[:n_seq], INPUT_OF[key], short)
         # float32 products (the float64 ones cost ~1 s a block); the error from the difference
         # of the weights, not of two near-equal outputs; sums in float64
         y, ye = a @ w[key].T, a @ (w[key] - q).T
@@ -639,8 +705,9 @@ class Quantizer:
         qw = dict(w)
         stored: dict[str, tuple[LayerResult, dict]] = {}
         tiers, reasons = self._block_tiers(i)
+        short = None             # the mixer's output from cached inputs, once they are known
         for stage in STAGES:
-            H = C = prep = None
+            H = C = prep = kept = None
             for key in stage:
                 if key not in w:                # not a tensor of this kind of layer
                     continue
@@ -673,11 +740,15 @@ class Quantizer:
                     # Q8_0 is within ~0.5% of the float output with plain rounding: the
                     # reference blocks, no Hessian (4864^2 for a down_proj) and no GPTQ
                     with self.timer("gptq"):
-                        self._store_q8(i, key, w, qw, stored, rep, x, reasons.get(key), pinned)
+                        self._store_q8(i, key, w, qw, stored, rep, x, reasons.get(key), pinned,
+                                       short)
                     continue
                 if H is None:
                     with self.timer("hessian"):
-                        H = self.blocks.hessian(i, qw, x, INPUT_OF[key])
+                        if INPUT_OF[key] in SHORTCUT_INPUTS and not o.equalize:
+                            H, kept = self.blocks.hessian(i, qw, x, INPUT_OF[key], short, True)
+                        else:
+                            H = self.blocks.hessian(i, qw, x, INPUT_OF[key], short)
                     if o.equalize:
                         H = self._equalize(i, stage, w, qw, stored, H, tiers, lossless)
                 target = w[key]
@@ -712,10 +783,13 @@ class Quantizer:
                 self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} {res.tier:<6} rel. output "
                          f"error: plain {res.err_plain:.4f}  gptq {res.err_gptq:.4f}  refit "
                          f"{res.err:.4f}  (cosine {cos:.4f})")
+            if kept is not None:         # the stage's linear is final now
+                with self.timer("hessian"):
+                    short = self.blocks.shortcut(i, qw, x, INPUT_OF[stage[0]], kept)
         for key in w:
             if key not in LINEARS:
                 qw[key] = w[key]
-        return rep, qw, stored
+        return rep, qw, stored, short
 
     def _equalize(self, i, stage, w, qw, stored, H, tiers, lossless) -> torch.Tensor:
         """Channel scaling of one stage (equalize.py); updates w / qw / stored, returns H'."""
