@@ -5,7 +5,10 @@
     weights, run through transformers' own layer code (quantize/hf_layers.py) the way the
     pipeline runs a block: per stage (linears sharing an input) one forward of the calibration
     tokens to accumulate the Hessian, GPTQ + refit per linear (down_proj at Q8_0 by the reference
-    rounding, as the default policy), then one forward to the next layer's input. Prints the
+    rounding, as the default policy), then one forward to the next layer's input; forwards in
+    --forward-dtype (auto, as the pipeline). The pipeline's mixer shortcut (the FFN stage and
+    the last forward reuse o_proj's / out_proj's cached inputs) is not modelled: here those
+    re-run the attention / delta rule, so the forward figures are an upper bound. Prints the
     time per stage and the total extrapolated to a 64-layer model. With fewer calibration
     sequences than the default 128 (--samples; the shared 2-core CPU cannot forward 65,536
     tokens through a 27B layer in minutes), the token-proportional stages (forwards, Hessians)
@@ -45,11 +48,13 @@ def bench_layer(args) -> dict:
 
     sys.path.insert(0, str(ROOT / "python"))
     from bonsai_runner.quantize.gptq import prepare_hessian, quantize_layer, reference_codes
-    from bonsai_runner.quantize.hf_layers import HfLayers, linear_inputs, resolve_device
+    from bonsai_runner.quantize.hf_layers import (HfLayers, linear_inputs, resolve_device,
+                                                  resolve_forward_dtype)
 
     dev = resolve_device(args.device)
     cfg = dict(QWEN35_27B, model_type="qwen3_5_text")
-    hl = HfLayers(cfg, dev)
+    fdt = resolve_forward_dtype(args.forward_dtype, dev)
+    hl = HfLayers(cfg, dev, forward_dtype=fdt)
     i = 3 if args.kind == "attention" else 0              # layer 3: full attention; 0: GDN
     gen = torch.Generator().manual_seed(0)
     params = {}
@@ -108,11 +113,13 @@ def bench_layer(args) -> dict:
     scale = 128 * 512 / (n * T)
     at_default = sec["gptq"] + (sec["hessian"] + sec["forward"]) * scale
     out = {"device": str(dev), "kind": args.kind, "samples": n, "seq_len": T,
+           "forward_dtype": str(fdt).removeprefix("torch."),
            "seconds": {k: round(v, 2) for k, v in sec.items()}, "layer_seconds": round(total, 2),
            "layer_seconds_at_128x512": round(at_default, 2),
            "model_64_layers_hours_at_128x512": round(64 * at_default / 3600, 2),
            "torch_threads": torch.get_num_threads()}
-    print(f"27B-shaped {args.kind} layer on {dev}, {n} x {T} tokens: "
+    print(f"27B-shaped {args.kind} layer on {dev} (forwards in {out['forward_dtype']}), "
+          f"{n} x {T} tokens: "
           + ", ".join(f"{k} {v:.1f} s" for k, v in sec.items()) + f"; layer {total:.1f} s")
     if scale != 1:
         print(f"scaled to 128 x 512 tokens (forwards and Hessians x {scale:.0f}, GPTQ as "
@@ -224,6 +231,8 @@ def main() -> None:
     a.add_argument("--samples", type=int, default=128)
     a.add_argument("--seq-len", type=int, default=512)
     a.add_argument("--batch-size", type=int, default=8)
+    a.add_argument("--forward-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="the calibration forwards' precision, as bonsai quantize's option")
     b = sub.add_parser("compare")
     b.add_argument("--model", required=True, help="GGUF (F16) model, also the KLD reference")
     b.add_argument("--old-rev", default="7770337")

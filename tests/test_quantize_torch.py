@@ -274,3 +274,20 @@ def test_mixer_shortcut_changes_nothing(tmp_path, monkeypatch, arch, forward_dty
     n_layer = 2 if arch == "qwen2" else 4
     assert len(made) == n_layer and all(s is not None for s in made)
     assert outs["short"] == outs["full"]
+
+
+def test_hessian_sums_by_panels_are_the_full_gram_matrix():
+    """_gram_add sums only on and above the diagonal; _symmetric mirrors it: the result is
+    2 X^T X / n of all batches, exactly symmetric, for widths that do not split evenly too."""
+    from bonsai_runner.quantize.pipeline import _gram_add, _symmetric
+
+    g = torch.Generator().manual_seed(7)
+    for n in (1, 5, 130, 896):
+        batches = [torch.randn(64, n, generator=g, dtype=torch.float64) for _ in range(3)]
+        H = None
+        for a in batches:
+            H = _gram_add(H, a)
+        got = _symmetric(H, 2.0 / 192)
+        X = torch.cat(batches)
+        torch.testing.assert_close(got, 2 * X.T @ X / 192, rtol=1e-12, atol=1e-12)
+        assert torch.equal(got, got.T)

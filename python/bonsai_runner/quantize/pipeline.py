@@ -142,6 +142,30 @@ class Timer:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
 
 
+GRAM_PANELS = 4          # row panels of the Hessian sums (_gram_add)
+
+
+def _gram_add(H: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
+    """H + a^T a on and above the diagonal only (the rest of H is left as it was: _symmetric
+    fills it at the end). GRAM_PANELS row panels, panel p = a_p^T a[:, p:], do 10/16 of the
+    full product's multiplications, measured 0.048 vs 0.066 s for a [4096, 896] float32 batch on
+    one thread; each entry is the same dot product as in the full product."""
+    n = a.shape[1]
+    if H is None:
+        H = torch.zeros((n, n), dtype=a.dtype, device=a.device)
+    edges = [round(p * n / GRAM_PANELS) for p in range(GRAM_PANELS + 1)]
+    for p0, p1 in zip(edges, edges[1:]):
+        if p1 > p0:
+            H[p0:p1, p0:].addmm_(a[:, p0:p1].T, a[:, p0:])
+    return H
+
+
+def _symmetric(H: torch.Tensor, scale: float) -> torch.Tensor:
+    """scale x the symmetric matrix whose upper triangle is H's (_gram_add's sums)."""
+    U = torch.triu(H)
+    return (U + torch.triu(U, 1).T) * scale
+
+
 @dataclass
 class Shortcut:
     """A token mixer's output from its last linear's cached inputs (hf_layers.SHORTCUT_INPUTS):
@@ -211,13 +235,13 @@ class BlockRunner:
         for b in range(0, N, self.batch):
             xb = x_all[b:b + self.batch]
             a = self.activations(i, w, xb, wanted, short, b)
-            H = a.T @ a if H is None else H.addmm_(a.T, a)
+            H = _gram_add(H, a)
             n += a.shape[0]
             if keep:
                 if kept is None:
                     kept = torch.empty((N, T, a.shape[-1]), dtype=torch.float32)
                 kept[b:b + xb.shape[0]] = a.reshape(xb.shape[0], T, -1).to("cpu")
-        H = H * (2.0 / max(n, 1))
+        H = _symmetric(H, 2.0 / max(n, 1))
         return (H, kept) if keep else H
 
     @torch.no_grad()
@@ -259,11 +283,11 @@ class BlockRunner:
         def cap(name, a):
             k = mods.get(name)
             if k is not None:
-                acc[k] = a.T @ a if k not in acc else acc[k].addmm_(a.T, a)
+                acc[k] = _gram_add(acc.get(k), a)
                 n[k] += a.shape[0]
 
         out = self.forward(i, w, x_all, cap)
-        return {k: acc[k] * (2.0 / max(n[k], 1)) for k in acc}, out
+        return {k: _symmetric(acc[k], 2.0 / max(n[k], 1)) for k in acc}, out
 
 
 def _lossless_ternary(w: torch.Tensor, tier: str) -> tuple[torch.Tensor, torch.Tensor]:
