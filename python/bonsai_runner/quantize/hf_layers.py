@@ -240,5 +240,5 @@ def linear_inputs(hl: HfLayers, i: int, params: dict, x: torch.Tensor) -> list[l
     return [names for _, names in seen]
 
 
-__all__ = ["FORWARD_DTYPES", "HF_KEYS", "INPUT_OF", "LINEARS", "SHORTCUT_INPUTS", "STAGES", "HfLayers",
-           "linear_inputs", "resolve_device", "resolve_forward_dtype"]
+__all__ = ["FORWARD_DTYPES", "HF_KEYS", "INPUT_OF", "LINEARS", "SHORTCUT_INPUTS", "STAGES",
+           "HfLayers", "linear_inputs", "resolve_device", "resolve_forward_dtype"]

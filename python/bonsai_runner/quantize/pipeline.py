@@ -336,6 +336,7 @@ class Quantizer:
         self.specs = self.family.validate_tensors(shapes, str(opts.model_dir))
         self.hp = self.family.hp
         self.forward_dtype = resolve_forward_dtype(opts.forward_dtype, self.device)
+        self.forward_dtype_name = str(self.forward_dtype).removeprefix("torch.")
         self.layers = HfLayers(self.ckpt.config, self.device, where, self.forward_dtype)
         self.blocks = BlockRunner(self.layers, max(opts.batch_size, 1))
         self.tokenizer = Tokenizer(self.tokenizer_dir)
@@ -435,9 +436,8 @@ class Quantizer:
 
         o = self.opts
         t_start = time.perf_counter()
-        fwd = str(self.forward_dtype).removeprefix("torch.")
-        self.log(f"computing on {self.device} with torch {torch.__version__} (float32; "
-                 f"calibration forward in {fwd}; {torch.get_num_threads()} CPU threads)")
+        self.log(f"computing on {self.device} with torch {torch.__version__} (float32; calibration "
+                 f"forward in {self.forward_dtype_name}; {torch.get_num_threads()} CPU threads)")
         with self.timer("ternary scan"):
             lossless = self.scan_ternary()
         n_linear = sum(1 for s in self.specs
@@ -889,7 +889,8 @@ class Quantizer:
         self.log(f"time on {self.device}: " + ", ".join(f"{k} {v:.1f} s" for k, v in sec.items())
                  + f"; total {total:.1f} s (before the GGUF conversion)")
         return {"device": str(self.device), "torch": torch.__version__,
-                "forward_dtype": str(self.forward_dtype).removeprefix("torch."), "seconds": sec, "total_seconds": round(total, 3)}
+                "forward_dtype": self.forward_dtype_name, "seconds": sec,
+                "total_seconds": round(total, 3)}
 
     def _print_table(self, records, summary, report) -> None:
         rows = [r for r in records if r.fallback_reason]
