@@ -83,9 +83,11 @@ DEFAULT_TYPES = {"llama": "ptq1_0,tq2_0,q8_0,pq2_0,q2_0", "qwen35": "ptq1_0,tq2_
 ALL_TYPES = ("ptq1_0", "tq2_0", "q8_0", "pq2_0", "q2_0")
 LLAMA_CPP_TYPES = ("tq2_0", "q8_0", "q2_0")  # what mainline llama.cpp loads (not PTQ1_0/PQ2_0)
 FLOOR_PTQ1_VS_TQ2 = 0.7
-# Decode targets of issue #6: our tg over llama.cpp's TQ2_0 tg, and PTQ1_0's share of the roofline.
-DECODE_TARGETS = {"ptq1_0": 1.5, "pq2_0": 1.3, "q2_0": 1.3}
-ROOFLINE_TARGET_PTQ1 = 0.5
+# Decode targets: our tg over llama.cpp's TQ2_0 tg (PTQ1_0: issue #19; PQ2_0 / Q2_0: issue #6),
+# PTQ1_0's share of the roofline and its prefill over llama.cpp's TQ2_0 prefill (issue #19).
+DECODE_TARGETS = {"ptq1_0": 2.0, "pq2_0": 1.3, "q2_0": 1.3}
+ROOFLINE_TARGET_PTQ1 = 0.6
+PREFILL_TARGET_PTQ1 = 2.0
 PROBE_BYTES = 1 << 30
 # The qwen35 bars of issue #15: our PTQ1_0 over llama.cpp's TQ2_0, decode and prefill (medians).
 QWEN35_BARS = {"tg": 1.5, "pp": 1.0}
@@ -98,8 +100,11 @@ def log(msg: str) -> None:
 
 # ----- the model files -----
 
-def build_model(work_dir: Path, types: list[str], arch: str = "llama") -> dict[str, Path]:
-    """The HF checkpoint and one GGUF per type under work_dir (each made only when missing)."""
+def build_model(work_dir: Path, types: list[str], arch: str = "llama",
+                embed_type: str | None = None) -> dict[str, Path]:
+    """The HF checkpoint and one GGUF per type under work_dir (each made only when missing);
+    `embed_type` is every file's token_embd / output.weight type (`bonsai convert --embed-type`;
+    None: the converter's default, F16)."""
     model = MODELS[arch]
     tag = "{arch}-h{hidden}-f{ffn}-l{n_layer}-v{vocab}-s{seed}".format(**model)
     hf = work_dir / f"{tag}-hf"
@@ -120,13 +125,14 @@ def build_model(work_dir: Path, types: list[str], arch: str = "llama") -> dict[s
         log(f"  done in {time.perf_counter() - t0:.0f} s")
     paths = {}
     for t in types:
-        out = work_dir / f"{tag}-{t}.gguf"
+        out = work_dir / f"{tag}-{t}{'-e' + embed_type if embed_type else ''}.gguf"
         if not out.exists():
             log(f"converting to {t.upper()} -> {out.name} (once)")
             t0 = time.perf_counter()
             base, _, block = t.partition("-h")
             rot = {"hadamard": int(block), "allow_lossy": True} if block else {}
-            convert(hf, out, base, progress=False, log=lambda m: log("  " + m), **rot)
+            convert(hf, out, base, progress=False, log=lambda m: log("  " + m), **rot,
+                    embed_type=embed_type)
             log(f"  done in {time.perf_counter() - t0:.0f} s")
         paths[t] = out
     return paths
@@ -342,8 +348,9 @@ def ratio_lines(results: dict, pp: str, tg: str) -> tuple[list[str], dict]:
     return lines, ratios
 
 
-def target_lines(facts: dict, bandwidth: float, results: dict, tg: str) -> list[str]:
-    """The decode targets: ours / llama.cpp TQ2_0 (medians) per type, PTQ1_0 against the roofline."""
+def target_lines(facts: dict, bandwidth: float, results: dict, pp: str, tg: str) -> list[str]:
+    """The targets: decode ours / llama.cpp TQ2_0 (medians) per type, PTQ1_0 against the roofline,
+    PTQ1_0 prefill / llama.cpp TQ2_0 prefill."""
     lines = []
     theirs = results.get(("llama.cpp", "tq2_0", tg))
     for t, want in DECODE_TARGETS.items():
@@ -357,6 +364,11 @@ def target_lines(facts: dict, bandwidth: float, results: dict, tg: str) -> list[
         share = ours["tps"]["median"] / (bandwidth / facts["ptq1_0"]["bytes_per_token"])
         lines.append(f"PTQ1_0 {tg} share of the roofline: {share:.0%} (target "
                      f"{ROOFLINE_TARGET_PTQ1:.0%}) -> {'met' if share >= ROOFLINE_TARGET_PTQ1 else 'NOT met'}")
+    ours, theirs = results.get(("bonsai", "ptq1_0", pp)), results.get(("llama.cpp", "tq2_0", pp))
+    if ours and theirs:
+        got = ours["tps"]["median"] / theirs["tps"]["median"]
+        lines.append(f"PTQ1_0 {pp} / llama.cpp TQ2_0: {got:.2f} (target {PREFILL_TARGET_PTQ1}) -> "
+                     f"{'met' if got >= PREFILL_TARGET_PTQ1 else 'NOT met'}")
     return lines
 
 
@@ -401,6 +413,9 @@ def parse_args(argv):
                    help="both engines read the weights into memory instead of mapping the files "
                         "(ours: a buffer backed by transparent huge pages where the kernel allows)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': stdout)")
+    p.add_argument("--embed-type", choices=("f16", "q8_0"), default=None,
+                   help="token_embd / output.weight type of every file, ours and llama.cpp's alike "
+                        "(bonsai convert --embed-type; default: the converter's F16)")
     p.add_argument("--hadamard", type=int, metavar="B",
                    help="also time PTQ1_0 with a folded Hadamard rotation of block B (row PTQ1_0-H<B>)")
     args = p.parse_args(argv)
@@ -525,7 +540,7 @@ def main(argv=None) -> int:
     log(f"{cpu_model()}, {os.cpu_count()} CPUs, load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}; weights "
         f"{'read into memory (--no-mmap)' if args.no_mmap else 'memory-mapped'}")
-    paths = build_model(args.work_dir.expanduser(), args.types, args.arch)
+    paths = build_model(args.work_dir.expanduser(), args.types, args.arch, args.embed_type)
     facts = {t: file_facts(paths[t]) for t in args.types}
 
     log(f"probing the read bandwidth (C++ probe over {PROBE_BYTES >> 20} MiB, "
@@ -591,8 +606,7 @@ def main(argv=None) -> int:
     rows.sort(key=lambda r: (args.types.index(r["type"].lower()), r["engine"] != "bonsai",
                              r["test"] != pp))
     load_end = os.getloadavg()
-    if args.arch != "llama":
-        print(cpu_line() + "\n")
+    print(cpu_line() + "\n")
     if args.check:
         print("same function (greedy next tokens on the same file):")
         for line in check_lines or ["(no file loaded by both engines)"]:
@@ -622,8 +636,9 @@ def main(argv=None) -> int:
         for line in bar_lines or ["(needs our PTQ1_0 and llama.cpp's TQ2_0 rows)"]:
             print("  " + line)
     else:
-        print("\ndecode targets (issue #6; on a loaded machine compare -t 1 runs too):")
-        for line in target_lines(facts, bandwidth, results, tg) or ["(needs the PTQ1_0 row)"]:
+        print(f"\ntargets (issues #19 and #6; heads {(args.embed_type or 'f16').upper()} in every file; on a "
+              "loaded machine compare -t 1 runs too):")
+        for line in target_lines(facts, bandwidth, results, pp, tg) or ["(needs the PTQ1_0 row)"]:
             print("  " + line)
 
     if args.json:

@@ -481,3 +481,38 @@ def test_engine_vocab_reads_converted_tokenizers(hf_model, tmp_path):
         for text in texts:
             assert v.tokenize(text, add_special=False) == encode(text), (m["arch"], text)
     assert v.pre == "qwen2" and v.find_token("<|im_end|>") == v.eos
+
+
+# ----- --embed-type -----
+
+def test_embed_type_q8_0_for_head_and_embedding(ternary_model, tmp_path):
+    """--embed-type q8_0 stores token_embd / output.weight as Q8_0 (rounded without --allow-lossy:
+    the choice is explicit) and leaves every other tensor as --outtype gives it, on every path."""
+    from bonsai_runner.quants import quantize
+
+    m = ternary_model
+    plain = read_gguf(run_convert(m["dir"], tmp_path / "plain.gguf", "ptq1_0"))
+    for src, kw, what in ((m["dir"], {}, "hf"), (tmp_path / "plain.gguf", {}, "gguf"),
+                          (m["dir"], {"hadamard": 32}, "hf rotated")):
+        out = run_convert(src, tmp_path / f"{what.replace(' ', '_')}.gguf", "ptq1_0",
+                          embed_type="q8_0", allow_lossy=bool(kw), **kw)
+        rb = read_gguf(out)
+        for name in ("token_embd.weight", "output.weight"):
+            if name not in plain.types:
+                continue
+            assert rb.types[name] == "Q8_0", (what, name)
+            if not kw:  # Q8_0 of the F16 values: the same bytes as quantizing them directly
+                f16 = plain.values(name)
+                np.testing.assert_array_equal(rb.raw[name].reshape(-1),
+                                              quantize(f16, "q8_0").reshape(-1), err_msg=name)
+        assert rb.types["blk.0.attn_q.weight"] == "PTQ1_0", what
+        if not kw:
+            np.testing.assert_array_equal(rb.values("blk.0.attn_q.weight"),
+                                          plain.values("blk.0.attn_q.weight"))
+
+
+def test_embed_type_unknown_is_refused(ternary_model, tmp_path):
+    out = tmp_path / "m.gguf"
+    with pytest.raises(BonsaiError, match="--embed-type 'q4_k'"):
+        run_convert(ternary_model["dir"], out, "ptq1_0", embed_type="q4_k")
+    assert not out.exists()

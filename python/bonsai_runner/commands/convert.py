@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from ..convert import OUTTYPE_HELP, OUTTYPES
+from ..convert.outtypes import EMBED_TYPES
 
 HELP = "convert a Hugging Face / PTQ1_0 directory or a GGUF file to one GGUF file"
 
@@ -31,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outfile", required=True, metavar="OUT.gguf", help="output GGUF file")
     p.add_argument("--outtype", default="auto", type=str.lower, choices=OUTTYPES,
                    metavar="TYPE", help="tensor type of the output (default: auto; see below)")
+    p.add_argument("--embed-type", type=str.lower, choices=EMBED_TYPES, metavar="TYPE",
+                   help="type of token_embd and output.weight (f32, f16, bf16, q8_0; default: what "
+                        "--outtype gives them, f16 for the ternary types)")
     p.add_argument("--allow-lossy", action="store_true",
                    help="allow conversions that change weight values (rounding)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --outfile")
@@ -51,5 +55,6 @@ def run(args: argparse.Namespace) -> int:
 
     convert(args.src, args.outfile, args.outtype, allow_lossy=args.allow_lossy, force=args.force,
             pre_tokenizer=args.pre_tokenizer, model_name=args.model_name,
-            progress=not args.no_progress, hadamard=args.hadamard, hadamard_seed=args.hadamard_seed)
+            progress=not args.no_progress, hadamard=args.hadamard, hadamard_seed=args.hadamard_seed,
+            embed_type=args.embed_type)
     return 0

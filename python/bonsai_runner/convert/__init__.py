@@ -37,8 +37,12 @@ def source_kind(src: str | Path) -> str:
 def convert(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
             allow_lossy: bool = False, force: bool = False, pre_tokenizer: str | None = None,
             model_name: str | None = None, progress: bool = True, log=None,
-            hadamard: int | None = None, hadamard_seed: int = 0) -> Path:
+            hadamard: int | None = None, hadamard_seed: int = 0,
+            embed_type: str | None = None) -> Path:
     """Converts `src` (HF directory, PTQ1_0 directory or GGUF file) to the GGUF file `outfile`.
+
+    `embed_type` (f32, f16, bf16, q8_0) is the type of token_embd and output.weight whatever
+    `outtype` gives the other tensors.
 
     `hadamard` = B folds the prism.hadamard rotation (convert/hadamard_fold.py); a directory is
     first converted exactly to a temporary F32 GGUF next to `outfile`, then rotated and typed."""
@@ -57,11 +61,12 @@ def convert(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
                               "input (its tokenizer metadata is carried over)")
         from .gguf_to_gguf import convert_gguf
 
-        return convert_gguf(src, outfile, outtype, **kw, **rot)
+        return convert_gguf(src, outfile, outtype, **kw, **rot, embed_type=embed_type)
     from .hf_to_gguf import convert_hf
 
     if not hadamard:
-        return convert_hf(src, outfile, outtype, pre_tokenizer=pre_tokenizer, **kw)
+        return convert_hf(src, outfile, outtype, pre_tokenizer=pre_tokenizer, **kw,
+                          embed_type=embed_type)
     from .gguf_to_gguf import convert_gguf
     from .gguf_out import check_outfile
 
@@ -75,7 +80,7 @@ def convert(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
         final = "f16" if outtype == "auto" else outtype
         kw_final = {**kw, "allow_lossy": allow_lossy or final in ("f32", "f16", "bf16")}
         return convert_gguf(tmp, out, final, **kw_final, **rot,
-                            embd_type="f32" if outtype == "f32" else "f16")
+                            embd_type="f32" if outtype == "f32" else "f16", embed_type=embed_type)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -36,7 +36,8 @@ from ..errors import BonsaiError
 from ..ggml_types import TYPES, type_info
 from .arch.base import STR, U32, MetaKV
 from .gguf_out import add_metadata, check_outfile, open_writer
-from .outtypes import FILE_TYPE, OUTTYPES, TERNARY_OUTTYPES, file_type_of, fits_block
+from .outtypes import (FILE_TYPE, OUTTYPES, TERNARY_OUTTYPES, check_embed_type, file_type_of,
+                       fits_block)
 from .plan import (PlannedTensor, RawTensor, find_lossy, lossy_error, needs_verification,
                    write_plan)
 from .tensor_codec import decode
@@ -148,14 +149,17 @@ def _out_type(name: str, src_type: str, shape, outtype: str, file_ternary: bool)
 def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lossy: bool = False,
                  force: bool = False, model_name: str | None = None, progress: bool = True,
                  log: Callable[[str], None] = _stderr, hadamard: int | None = None,
-                 hadamard_seed: int = 0, embd_type: str | None = None) -> Path:
+                 hadamard_seed: int = 0, embd_type: str | None = None,
+                 embed_type: str | None = None) -> Path:
     """Re-types the GGUF file `src` into `outfile`; exact unless `allow_lossy`. With `hadamard` = B,
     folds the prism.hadamard rotation into it (hadamard_fold.py). A rotated input keeps its
     rotation keys, which stay true: re-typing changes no tensor's basis. `embd_type` replaces the
-    kept type of token_embd / output.weight (the directory path's temporary F32 file)."""
+    kept type of token_embd / output.weight (the directory path's temporary F32 file);
+    `embed_type` (--embed-type) is their type whatever `outtype` says, rounded without asking."""
     outtype = outtype.lower()
     if outtype not in OUTTYPES:
         raise BonsaiError(f"unknown --outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
+    check_embed_type(embed_type)
     src = Path(src)
     out = check_outfile(outfile, force, [src])
     source = GgufSource(src)
@@ -167,8 +171,9 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
     items, fell_back, unwritable = [], [], set()
     for name, t in zip(source.names, source.tensors):
         ot = _out_type(name, t.type_name, t.shape, outtype, file_ternary)
-        if embd_type and name in _EMBD_OUT and ot == t.type_name:  # kept type: the caller's choice
-            ot = embd_type
+        chosen = name in _EMBD_OUT and (embed_type or (embd_type and ot == t.type_name))
+        if chosen:  # the caller's explicit choice (embd_type: only where the type is kept)
+            ot = embed_type or embd_type
         if ot not in TYPES:
             unwritable.add(ot.upper())
             ot = "f16"
@@ -177,7 +182,7 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
             ot = t.type_name
         role = ("linear" if len(t.shape) == 2 and name not in _EMBD_OUT
                 and not name.endswith(_ALWAYS_F32) else "")
-        exact = not allow_lossy and needs_verification(t.type_name, ot)
+        exact = not allow_lossy and not (chosen and embed_type) and needs_verification(t.type_name, ot)
         items.append(PlannedTensor(name, t.shape, ot, (lambda t=t: t), exact, role))
     rotation_meta = []
     if hadamard:

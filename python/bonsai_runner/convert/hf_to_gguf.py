@@ -30,8 +30,8 @@ from .arch.base import (F32_ROLES, ROLE_LINEAR, ROLE_OUTPUT, ROLE_ROPE_FREQS, RO
 from .bonsai_meta import bonsai_metadata, fallback_entry
 from .gguf_out import add_metadata, check_outfile, open_writer
 from .hf_reader import HfCheckpoint, read_json
-from .outtypes import (FREE_OUTTYPES, OUTTYPES, TERNARY_OUTTYPES, file_type_of,
-                       fits_block)
+from .outtypes import (FREE_OUTTYPES, OUTTYPES, TERNARY_OUTTYPES, check_embed_type,
+                       file_type_of, fits_block)
 from .plan import PlannedTensor, find_lossy, lossy_error, needs_verification, write_plan
 from .ptq1_dir import Ptq1Dir
 from .ptq1_pack import TIERS
@@ -85,12 +85,16 @@ class _Plan:
 def convert_hf(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
                allow_lossy: bool = False, force: bool = False, pre_tokenizer: str | None = None,
                model_name: str | None = None, progress: bool = True,
-               log: Callable[[str], None] = _stderr) -> Path:
-    """Converts a Hugging Face or PTQ1_0 directory `src` to the GGUF file `outfile`."""
+               log: Callable[[str], None] = _stderr, embed_type: str | None = None) -> Path:
+    """Converts a Hugging Face or PTQ1_0 directory `src` to the GGUF file `outfile`.
+
+    `embed_type` (one of EMBED_TYPES) is the type of token_embd and output.weight, whatever
+    `outtype` gives the rest (rounding to it is the caller's explicit choice, never refused)."""
     src = Path(src)
     outtype = outtype.lower()
     if outtype not in OUTTYPES:
         raise BonsaiError(f"unknown --outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
+    check_embed_type(embed_type)
     out = check_outfile(outfile, force)
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
@@ -113,6 +117,10 @@ def convert_hf(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
         plan = _plan_ptq1(source, family, specs, outtype, allow_lossy)
     else:
         plan = _plan_hf(source, family, specs, outtype, allow_lossy, progress, log)
+    if embed_type:
+        plan.items = [PlannedTensor(it.name, it.shape, embed_type, it.load, False, it.role)
+                      if it.role in (ROLE_TOKEN_EMBD, ROLE_OUTPUT) and fits_block(embed_type, it.shape[-1])
+                      else it for it in plan.items]
     if plan.strict and not allow_lossy:
         lossy = find_lossy(plan.items, progress)
         if lossy:

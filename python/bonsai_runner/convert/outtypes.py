@@ -20,6 +20,7 @@ PTQ1_0 (129).
 
 from __future__ import annotations
 
+from ..errors import BonsaiError
 from ..ggml_types import type_info
 
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "ptq1_0", "pq2_0", "q2_0", "tq1_0",
@@ -28,6 +29,9 @@ FLOAT_OUTTYPES = ("f32", "f16", "bf16")
 TERNARY_OUTTYPES = ("ptq1_0", "pq2_0", "q2_0", "tq1_0", "tq2_0")
 # Out types that a float checkpoint reaches without --allow-lossy (as llama.cpp's converter).
 FREE_OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+# --embed-type: what token_embd and output.weight may be stored as, whatever --outtype gives the
+# rest (llama-quantize's --token-embedding-type / --output-tensor-type, as one choice).
+EMBED_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "tq1_0": 36, "tq2_0": 37,
              "q2_0": 41, "q2_0_g128": 41, "pq2_0": 128, "ptq1_0": 129}
@@ -45,9 +49,15 @@ output types (--outtype):
   tq1_0, tq2_0
            mainline llama.cpp's ternary types, 256 weights per scale (1.69 / 2.06 bpw)
   q4_0     4-bit blocks of 32 (4.5 bpw)
-Ternary types and q4_0 keep the token embedding and output head at f16. Ternary types pack
+Ternary types and q4_0 keep the token embedding and output head at f16 (--embed-type chooses
+another: q8_0 halves the output head, the largest read of a decoded token). Ternary types pack
 weights that are already exactly ternary, losslessly (verified); rounding float weights to them
 or to q4_0 needs --allow-lossy, and `bonsai quantize` is the proper tool for that."""
+
+
+def check_embed_type(t: str | None) -> None:
+    if t is not None and t not in EMBED_TYPES:
+        raise BonsaiError(f"--embed-type {t!r}: choose one of {', '.join(EMBED_TYPES)}")
 
 
 def is_ternary_type(t: str) -> bool:
