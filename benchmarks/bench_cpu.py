@@ -26,6 +26,8 @@ What it does (a script, not a test; it prints ratios and asserts nothing):
    --hadamard B adds a row PTQ1_0-H<B>: the same model converted with `bonsai convert --hadamard B`
    (prism.hadamard rotation folded in; the engine rotates every folded matmul's input), and a
    line with the rotation's share of decode time against the plain PTQ1_0 row.
+   --embed-type q8_0 gives every file a Q8_0 token embedding and output head (default F16).
+   --ik-llama SRC|clone adds a second peer, ik_llama.cpp's IQ2_BN (benchmarks/ik_llama_peer.py).
 
 --arch qwen35 times a Qwen3.5-shaped hybrid instead (benchmarks/qwen35_bench_model.py: hidden 2048,
 8 layers, six Gated DeltaNet and two gated full attention layers in the 3:1 pattern, FFN 6144,
@@ -73,6 +75,7 @@ from bonsai_runner.convert import convert  # noqa: E402
 from bonsai_runner.inspect import inspect_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ik_llama_peer  # noqa: E402
 from qwen35_bench_model import QWEN35_MODEL, write_qwen35_checkpoint  # noqa: E402
 
 MODEL = {"arch": "llama", "hidden": 2048, "ffn": 5632, "n_layer": 8, "n_head": 32,
@@ -416,6 +419,11 @@ def parse_args(argv):
     p.add_argument("--embed-type", choices=("f16", "q8_0"), default=None,
                    help="token_embd / output.weight type of every file, ours and llama.cpp's alike "
                         "(bonsai convert --embed-type; default: the converter's F16)")
+    p.add_argument("--ik-llama", metavar="SRC|clone",
+                   help="also time ik_llama.cpp (a second peer: IQ2_BN made by its llama-quantize from "
+                        "an F16 file of the same model, timed by its llama-bench) from the source tree "
+                        "SRC, or 'clone' it from GitHub into --work-dir; built with CMake once "
+                        "(see benchmarks/ik_llama_peer.py)")
     p.add_argument("--hadamard", type=int, metavar="B",
                    help="also time PTQ1_0 with a folded Hadamard rotation of block B (row PTQ1_0-H<B>)")
     args = p.parse_args(argv)
@@ -465,6 +473,44 @@ def make_runners(args, paths: dict, n_ctx: int) -> list[tuple[str, str, object]]
             except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError variants
                 log(f"NOTICE: llama.cpp could not load {paths[t].name} ({e}); row skipped")
     return runners
+
+
+def time_ik_llama(args, pp: str, tg: str) -> dict:
+    """ik_llama.cpp's IQ2_BN figures ({"error": message} when it cannot be built or run here)."""
+    work = args.work_dir.expanduser()
+    try:
+        src = ik_llama_peer.source_tree(args.ik_llama, work, log)
+        tools = ik_llama_peer.build_tools(src, os.cpu_count() or 2, log)
+        f16 = build_model(work, ["f16"], args.arch, args.embed_type)["f16"]
+        embed = args.embed_type or "f16"
+        model = ik_llama_peer.quantize_iq2_bn(tools["llama-quantize"], f16,
+                                              f16.with_name(f16.name.replace("-f16", "-iq2_bn")),
+                                              embed, args.threads, log)
+        log("timing ik_llama.cpp IQ2_BN (llama-bench, -rtr 0 and 1)")
+        runs = ik_llama_peer.time_model(tools["llama-bench"], model, args.n_prompt, args.n_gen,
+                                        args.threads, args.reps, args.batch_size, log)
+    except ik_llama_peer.PeerUnavailable as e:
+        log(f"NOTICE: ik_llama.cpp rows skipped: {e}")
+        return {"error": str(e)}
+    return {"commit": ik_llama_peer.commit_of(src), "file": str(model),
+            "file_size": model.stat().st_size, "repack": runs["repack"],
+            pp: summarize(runs["pp"]), tg: summarize(runs["tg"])}
+
+
+def ik_lines(ik: dict, results: dict, pp: str, tg: str) -> list[str]:
+    if "error" in ik:
+        return [f"skipped: {ik['error']}"]
+    lines = [f"ik_llama.cpp {ik['commit']}, IQ2_BN ({ik['file_size'] / 2**20:.1f} MiB), threads as above"]
+    for test in (pp, tg):
+        theirs = ik[test]
+        ours = results.get(("bonsai", "ptq1_0", test))
+        line = (f"{test:12s}: {theirs['median']:.2f} ± {theirs['sd']:.2f} t/s (best {theirs['max']:.2f}; "
+                f"run-time repack {'on' if ik['repack']['pp' if test == pp else 'tg'] else 'off'})")
+        if ours:
+            line += (f"; our PTQ1_0 / ik_llama.cpp IQ2_BN: {ours['tps']['median'] / theirs['median']:.2f} "
+                     f"(best runs {ours['tps']['max'] / theirs['max']:.2f})")
+        lines.append(line)
+    return lines
 
 
 def cpu_line() -> str:
@@ -588,6 +634,7 @@ def main(argv=None) -> int:
         for _, _, r in runners:
             r.close()
 
+    ik = time_ik_llama(args, pp, tg) if args.ik_llama else None
     log("probing the read bandwidth again")
     probes.append(read_bandwidth(args.threads))
     log(f"  {probes[1] / 1e9:.1f} GB/s")
@@ -625,6 +672,10 @@ def main(argv=None) -> int:
     print("\nratios:")
     for line in lines or ["(no llama.cpp rows to compare with)"]:
         print("  " + line)
+    if ik is not None:
+        print("\nsecond peer, ik_llama.cpp (its llama-bench, run after the rows above):")
+        for line in ik_lines(ik, results, pp, tg):
+            print("  " + line)
     if args.hadamard:
         print(f"\nHadamard rotation (CPU: {cpu_model()}, kernel path {_core.cpu_path()}):")
         for line in rotation_lines(args, results, tg) or ["(needs both PTQ1_0 rows)"]:
@@ -648,7 +699,7 @@ def main(argv=None) -> int:
                "bandwidth_probe": {"method": "_core.measure_read_bandwidth over 1 GiB, --threads threads, best of 5",
                                    "bytes_per_s": bandwidth, "before_after": probes},
                "files": {t: {"path": str(paths[t]), **facts[t]} for t in args.types},
-               "results": rows, "ratios": {**ratios, **bars},
+               "results": rows, "ratios": {**ratios, **bars}, "ik_llama": ik,
                "floor_ptq1_0_vs_llama_cpp_tq2_0_tg": FLOOR_PTQ1_VS_TQ2}
         if args.arch != "llama" or args.check:
             doc.update(arch=args.arch, agreement=agreement)
