@@ -59,6 +59,7 @@ in the request's first step, without a heartbeat). Without the option a request 
 from __future__ import annotations
 
 import collections
+import math
 import queue
 import random
 import threading
@@ -388,7 +389,7 @@ class Scheduler:
         if n == 0:
             return 1
         per_slot = self._metrics["served_seconds_sum"] / n / self.n_parallel
-        return int(min(max(np.ceil(per_slot), 1), 60))
+        return min(max(math.ceil(per_slot), 1), 60)
 
     def close(self) -> None:
         """Stops the thread, ends every request with an error event and frees the context."""
