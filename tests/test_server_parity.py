@@ -145,7 +145,14 @@ def test_completion_logprobs_streamed_equal_non_streamed(server):
             for k in merged:
                 merged[k].extend(getattr(ch.logprobs, k))
     assert "".join(text) == r.choices[0].text
-    assert merged == r.choices[0].logprobs.model_dump()
+    want = r.choices[0].logprobs.model_dump()
+    # the same tokens and offsets; values equal up to float noise (the second run reuses the cached
+    # prompt and evaluates a batch of another size, which may take another kernel path)
+    assert merged["tokens"] == want["tokens"] and merged["text_offset"] == want["text_offset"]
+    assert merged["token_logprobs"] == pytest.approx(want["token_logprobs"], abs=1e-4)
+    for got_top, want_top in zip(merged["top_logprobs"], want["top_logprobs"], strict=True):
+        assert got_top.keys() == want_top.keys()
+        assert list(got_top.values()) == pytest.approx(list(want_top.values()), abs=1e-4)
     plain = c.completions.create(model="x", prompt=p, max_tokens=20, temperature=0)
     assert plain.choices[0].logprobs is None and plain.choices[0].text == r.choices[0].text
 
@@ -173,7 +180,10 @@ def test_chat_logprobs_plain_and_streamed(server, llama):
                                            logprobs=True, top_logprobs=4, stream=True):
         if chunk.choices and chunk.choices[0].logprobs is not None:
             streamed.extend(chunk.choices[0].logprobs.content)
-    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in content]
+    assert [(t.token, t.bytes, [a.token for a in t.top_logprobs]) for t in streamed] == \
+        [(t.token, t.bytes, [a.token for a in t.top_logprobs]) for t in content]
+    assert [v for t in streamed for v in [t.logprob] + [a.logprob for a in t.top_logprobs]] == pytest.approx(
+        [v for t in content for v in [t.logprob] + [a.logprob for a in t.top_logprobs]], abs=1e-4)
     r0 = c.chat.completions.create(model="x", messages=MESSAGES, temperature=0, max_tokens=3, logprobs=True)
     assert all(t.top_logprobs == [] for t in r0.choices[0].logprobs.content)
     off = c.chat.completions.create(model="x", messages=MESSAGES, temperature=0, max_tokens=3)
