@@ -24,11 +24,12 @@ The server survives every request. Every failure answers with an OpenAI-style er
 (server_requests.APIError): malformed JSON, JSON nested too deep, wrong field types, out-of-range
 numbers (the engine's ranges), unsupported options and prompts longer than a slot are 400, a wrong
 or missing API key 401, a body over `max_body` bytes 413 (checked on Content-Length and while a
-chunked body is read), a full queue 429 (with a Retry-After header: scheduler.QueueFullError.retry_after), unknown routes 404, a request the scheduler failed 500
-(that request alone: its slot is freed), a stopped or stalled scheduler 503 (/health too). Body
-parsing, validation, chat rendering and tokenization run in worker threads (tokenization through a
-`_core.Vocab`, which releases the GIL), so a large prompt never holds up the event loop; a prompt
-with more bytes than a slot's tokens could ever hold is refused before it is tokenized.
+chunked body is read), a full queue 429 (with a Retry-After header, QueueFullError.retry_after),
+an unknown route or model id 404, a request the scheduler failed 500 (that request alone: its slot
+is freed), a stopped or stalled scheduler 503 (/health too). Body parsing, validation, chat
+rendering and tokenization run in worker threads (tokenization through a `_core.Vocab`, which
+releases the GIL), so a large prompt never holds up the event loop; a prompt with more bytes than
+a slot's tokens could ever hold is refused before it is tokenized.
 Response bodies are completion_format's shapes. GET /openapi.json describes the routes
 (server_openapi); the handlers' own checks stay the authority.
 
