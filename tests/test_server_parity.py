@@ -332,6 +332,26 @@ def test_access_log(server, caplog):
 
 
 @engine
+def test_access_log_of_a_failed_request(tiny, caplog):  # noqa: F811
+    from bonsai_runner.server import ServingEngine
+
+    caplog.set_level(logging.INFO, logger="bonsai_runner.server")
+    s = _Server(ServingEngine(tiny, n_parallel=1, n_ctx_slot=N_CTX, n_threads=2, fault_injection=True))
+    try:
+        status, _, _ = _request(s, "/v1/completions", {"prompt": "Hello", "debug_fault": "admit"})
+        assert status == 500
+        line, = _wait_lines(caplog, "/v1/completions", 1)
+        assert line.startswith("POST /v1/completions 500 prompt_tokens=") and "finish=error" in line
+        s.engine.scheduler.slots = lambda: 1 / 0  # an unexpected exception in a handler
+        status, _, body = _request(s, "/slots")
+        assert status == 500 and "ZeroDivisionError" in body["error"]["message"]
+        line, = _wait_lines(caplog, "/slots", 1)
+        assert line.startswith("GET /slots 500 ")
+    finally:
+        s.stop()
+
+
+@engine
 def test_retry_after_on_429(strict):
     c = strict.client(KEY)
     c.completions.create(model="x", prompt="Hello", max_tokens=3)  # one served request: a mean to go by
