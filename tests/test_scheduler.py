@@ -314,7 +314,7 @@ def test_health_reports_stall_then_recovery(model, make):
 @engine
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_dead_thread_fails_requests_and_reports_stopped(model, make):
-    s = make(n_parallel=1)
+    s = make(n_parallel=1, n_ctx_slot=8192)  # room for ~8k tokens: it cannot finish before _step is replaced
     r = s.submit(greedy(model, PROMPTS[0], max_tokens=0, ignore_eos=True))
     next(r.events(TIMEOUT))
 

@@ -9,7 +9,12 @@ rendered the way Transformers renders it, so prompts match what the model was tr
 - a `tojson` filter that keeps non-ASCII characters as they are (`ensure_ascii=False`).
 
 Files without a template fall back to ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n`), the format
-most small instruction-tuned models use. Every failure — a template that does not parse, a template
+most small instruction-tuned models use. With `text_only=True` (what the engine's front ends,
+Llama.create_chat_completion and the server, pass) a message whose `content` is a list of OpenAI
+content parts (`[{"type": "text", "text": "Hi"}, ...]`) is rendered as its parts' text concatenated
+(no separator), and a part of another type (image_url, input_audio, file, ...) is refused by name:
+the engine reads text only; without it the parts reach the template as they are (as Transformers
+passes them). Every failure — a template that does not parse, a template
 that raises, malformed messages — is reported as one BonsaiError naming the problem.
 """
 
@@ -66,8 +71,9 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def validate_messages(messages: Any) -> list[dict]:
-    """Checks the OpenAI-style message list; returns it as a list of plain dicts."""
+def validate_messages(messages: Any, text_only: bool = False) -> list[dict]:
+    """Checks the OpenAI-style message list; returns it as a list of plain dicts, with list
+    contents joined into their text when `text_only`."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
         raise BonsaiError(f"messages must be a list of message dicts, not {type(messages).__name__}")
     if len(messages) == 0:
@@ -83,8 +89,32 @@ def validate_messages(messages: Any) -> list[dict]:
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BonsaiError(f"messages[{i}]['content'] is a {type(content).__name__}; {_ROLES_HINT}")
-        out.append(dict(m))
+        m = dict(m)
+        if text_only and isinstance(content, list):
+            m["content"] = _parts_text(content, i)
+        out.append(m)
     return out
+
+
+def _parts_text(parts: list, i: int) -> str:
+    """The text of a list of content parts, concatenated; only text parts are accepted."""
+    texts = []
+    for j, part in enumerate(parts):
+        where = f"messages[{i}]['content'][{j}]"
+        if not isinstance(part, Mapping):
+            raise BonsaiError(f"{where} is a {type(part).__name__}; a content part must be a dict such as "
+                              "{'type': 'text', 'text': 'Hello'}")
+        kind = part.get("type")
+        if kind != "text":
+            shown = f"a part of type {kind!r}" if isinstance(kind, str) else "a part without a string 'type'"
+            raise BonsaiError(f"{where} is {shown}: this engine reads text only (no images, audio or files); "
+                              "send only {'type': 'text', 'text': ...} parts")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise BonsaiError(f"{where} is a text part without a string 'text'; give {{'type': 'text', "
+                              "'text': 'Hello'}")
+        texts.append(text)
+    return "".join(texts)
 
 
 class ChatTemplate:
@@ -117,8 +147,10 @@ class ChatTemplate:
                               "pass chat_template=... explicitly")
         return cls(source, bos_token=bos_token, eos_token=eos_token)
 
-    def render(self, messages: Any, *, add_generation_prompt: bool = True, **extra: Any) -> str:
-        msgs = validate_messages(messages)
+    def render(self, messages: Any, *, add_generation_prompt: bool = True, text_only: bool = False,
+               **extra: Any) -> str:
+        """The prompt text; `text_only` joins content parts into text (see the module docstring)."""
+        msgs = validate_messages(messages, text_only)
         variables = {k: v for k, v in extra.items() if v is not None}
         variables.update(
             messages=msgs, add_generation_prompt=add_generation_prompt,

@@ -437,7 +437,8 @@ class Llama:
             self._live()
             if logprobs and top_logprobs is not None:
                 top_logprobs = check_int("top_logprobs", top_logprobs, 0, INT32_MAX)
-            prompt = self._chat.render(messages, add_generation_prompt=True, tools=tools, **template_kwargs)
+            prompt = self._chat.render(messages, add_generation_prompt=True, text_only=True, tools=tools,
+                                       **template_kwargs)
             tokens = self._tokenize(_utf8(prompt, "the rendered chat prompt"), False, True)
             if self._add_bos and tokens[:1] != [self.token_bos()]:
                 tokens.insert(0, self.token_bos())

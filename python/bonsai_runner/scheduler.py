@@ -30,7 +30,16 @@ which holds back partial UTF-8 characters and possible stop-string prefixes. Res
 not block) or, without one, through `GenerationRequest.events()`.
 
 Admission is bounded: at most `n_parallel + queue_limit` requests are running or waiting; a
-further `submit` raises `QueueFullError`.
+further `submit` raises `QueueFullError`, whose `retry_after` (whole seconds, 1..60) is the mean time
+a slot took to serve a request, divided by the number of slots: about when the next slot frees and
+the queue takes one more (1 before any request has finished).
+
+Log-probabilities (`GenerationRequest.logprobs`, the number of alternatives to report): for every
+completion token the scheduler computes the log-softmax over the full vocabulary of the raw logits
+row it sampled from (before temperature, top-k/p, penalties and the ignore_eos mask: the model's
+own distribution, as llama.cpp and OpenAI report it), keeps the sampled token's value and the
+`logprobs` most likely tokens, and sends them on the event whose text the token ends
+(`StreamEvent.logprobs`). Requests without logprobs skip all of it.
 
 Failure containment: every request parameter is range-checked against what the engine takes
 (engine_limits) before it is queued. A failure while placing one request (its sampler, its prefix
@@ -50,6 +59,7 @@ in the request's first step, without a heartbeat). Without the option a request 
 from __future__ import annotations
 
 import collections
+import math
 import queue
 import random
 import threading
@@ -64,8 +74,8 @@ from .errors import BonsaiError
 from .text_stream import TextStream, normalize_stop
 from .vocab_facts import common_prefix_len
 
-__all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "InvalidRequestError", "QueueFullError",
-           "SchedulerUnavailableError", "FAULTS"]
+__all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "TokenLogprob", "token_logprob", "InvalidRequestError",
+           "QueueFullError", "SchedulerUnavailableError", "FAULTS"]
 
 FAULTS = ("admit", "sample", "stall:SECONDS")  # the kinds of `GenerationRequest.fault`
 _IDLE_BEAT_S = 0.25  # an idle thread wakes this often to refresh its heartbeat
@@ -80,7 +90,12 @@ class InvalidRequestError(BonsaiError):
 
 
 class QueueFullError(BonsaiError):
-    """The scheduler already holds its maximum number of running and waiting requests."""
+    """The scheduler already holds its maximum number of running and waiting requests;
+    `retry_after` is a suggested wait in whole seconds (see the module docstring)."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class SchedulerUnavailableError(BonsaiError):
@@ -94,11 +109,39 @@ class _InjectedFault(RuntimeError):
 @dataclass
 class StreamEvent:
     """Text produced by a request (`text`, possibly "") or its end (`finish_reason` set: "stop",
-    "length", "cancelled" or "error", with `error` the message of the latter)."""
+    "length", "cancelled" or "error", with `error` the message of the latter). With logprobs asked
+    for, `logprobs` holds the TokenLogprobs of the completion tokens this event's text ends."""
 
     text: str = ""
     finish_reason: Optional[str] = None
     error: Optional[str] = None
+    logprobs: Optional[list["TokenLogprob"]] = None
+
+
+@dataclass
+class TokenLogprob:
+    """A completion token, its log-probability, and the `top` most likely tokens as (id, logprob),
+    most likely first (ties: lower id first); see the module docstring for which distribution."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """The TokenLogprob of `token` sampled from the raw logits `row` (log-softmax in float64)."""
+    x = np.asarray(row, dtype=np.float64)
+    m = np.max(x)
+    lp = x - (m if np.isfinite(m) else 0.0)
+    with np.errstate(divide="ignore"):
+        lp -= np.log(np.sum(np.exp(lp)))
+    k = min(n_top, lp.shape[0])
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        idx = np.argpartition(-lp, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -lp[idx]))]
+        top = [(int(i), float(lp[i])) for i in idx]
+    return TokenLogprob(int(token), float(lp[token]), top)
 
 
 def _invalid(message: str, name: str) -> InvalidRequestError:
@@ -140,13 +183,15 @@ class GenerationRequest:
     """One generation: prompt tokens, sampling parameters and limits. Parameters are validated here
     (InvalidRequestError names the bad one). `max_tokens` None or <= 0 means "until the slot
     context is full"; `ignore_eos` masks the end-of-generation tokens out of sampling.
-    `cancel()` may be called from any thread at any time."""
+    `logprobs` (None = off) is how many most likely alternatives to report with each token's
+    log-probability. `cancel()` may be called from any thread at any time."""
 
     def __init__(self, prompt_tokens: Sequence[int], *, max_tokens: Optional[int] = 16,
                  stop: Any = None, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: Optional[int] = None, ignore_eos: bool = False,
-                 on_event: Optional[Callable[[StreamEvent], None]] = None, fault: Optional[str] = None):
+                 on_event: Optional[Callable[[StreamEvent], None]] = None, fault: Optional[str] = None,
+                 logprobs: Optional[int] = None):
         if not isinstance(prompt_tokens, (list, tuple)) or not prompt_tokens:
             raise InvalidRequestError("the prompt is empty; give some text or token ids", "prompt")
         self.prompt_tokens = [check_int("a prompt token id", t, -2**31, INT32_MAX,
@@ -168,6 +213,8 @@ class GenerationRequest:
         if not isinstance(ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be a boolean, not {type(ignore_eos).__name__}", "ignore_eos")
         self.ignore_eos = ignore_eos  # never sample an end-of-generation token (benchmarks, soak tests)
+        self.logprobs = None if logprobs is None else _int_param("logprobs", logprobs)
+        self.id: Optional[int] = None  # the task number, given at submission
         self.fault = fault
         self._fault = _parse_fault(fault)
         self._on_event = on_event
@@ -179,6 +226,7 @@ class GenerationRequest:
         self.n_reused = 0  # prompt tokens whose KV came from the prefix cache
         self.t_submit = 0.0
         self.t_first_token: Optional[float] = None
+        self.t_start = 0.0  # when it got a slot
         self._scheduler: Optional["Scheduler"] = None
 
     @property
@@ -247,6 +295,7 @@ class _Slot:
         self.next_token: Optional[int] = None  # sampled, to be evaluated in the next step
         self.sampler = None
         self.stream: Optional[TextStream] = None
+        self.logprobs: list[TokenLogprob] = []  # of tokens whose text has not been sent yet
         self.max_tokens = 0
         self.last_used = 0.0
         self.admitted = 0  # admission order (prefill fairness)
@@ -290,7 +339,9 @@ class Scheduler:
         self._n_admitted = 0
         self._metrics = {"requests_total": 0, "requests_rejected_total": 0, "prompt_tokens_total": 0,
                          "prompt_tokens_reused_total": 0, "generated_tokens_total": 0, "decode_steps_total": 0,
-                         "busy_seconds_total": 0.0, "first_token_seconds_sum": 0.0, "first_token_count": 0}
+                         "busy_seconds_total": 0.0, "first_token_seconds_sum": 0.0, "first_token_count": 0,
+                         "served_seconds_sum": 0.0, "served_count": 0}
+        self._n_submitted = 0
         self._finished = collections.Counter()
         self._thread = threading.Thread(target=self._run, name="bonsai-scheduler", daemon=True)
         self._thread.start()
@@ -319,15 +370,26 @@ class Scheduler:
             running = sum(s.req is not None for s in self._slots)
             if running + len(self._waiting) >= self.n_parallel + self.queue_limit:
                 self._metrics["requests_rejected_total"] += 1
+                retry = self._retry_after()
                 raise QueueFullError(f"the server is busy: {running} requests running and {len(self._waiting)} "
                                      f"waiting (--parallel {self.n_parallel}, --queue-limit {self.queue_limit}); "
-                                     "retry later")
+                                     f"retry in {retry} s", retry)
+            self._n_submitted += 1
+            req.id = self._n_submitted
             req._scheduler = self
             req.t_submit = time.perf_counter()
             self._waiting.append(req)
             self._metrics["requests_total"] += 1
             self._cond.notify_all()
         return req
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is expected to free (the caller holds the lock): see the module docstring."""
+        n = self._metrics["served_count"]
+        if n == 0:
+            return 1
+        per_slot = self._metrics["served_seconds_sum"] / n / self.n_parallel
+        return min(max(math.ceil(per_slot), 1), 60)
 
     def close(self) -> None:
         """Stops the thread, ends every request with an error event and frees the context."""
@@ -381,6 +443,22 @@ class Scheduler:
             out.update(state="stalled", detail=f"no scheduler progress for {silent:.1f} s (limit {self.stall_timeout:g} s) "
                        f"with {busy} requests running and {waiting} waiting")
         return out
+
+    def slots(self) -> list[dict]:
+        """One dict per slot (GET /slots): `id`, `n_ctx`, `is_processing`, `n_cached_tokens`, and
+        while busy the request's `id_task`, `n_prompt_tokens`, `n_prompt_tokens_cached` (reused from
+        the prefix cache), `n_prompt_tokens_pending` (still to evaluate) and `n_decoded`."""
+        with self._cond:
+            out = []
+            for s in self._slots:
+                d = {"id": s.seq, "n_ctx": self.n_ctx_slot, "is_processing": s.req is not None,
+                     "n_cached_tokens": len(s.cached)}
+                if s.req is not None:
+                    d.update(id_task=s.req.id, n_prompt_tokens=s.req.n_prompt,
+                             n_prompt_tokens_cached=s.req.n_reused, n_prompt_tokens_pending=len(s.pending),
+                             n_decoded=len(s.req.completion_tokens))
+                out.append(d)
+            return out
 
     def slot_tokens(self) -> list[list[int]]:
         """The cached tokens of each slot (for tests and diagnostics)."""
@@ -507,7 +585,9 @@ class Scheduler:
             self._forget(slot)
         n_reused = len(slot.cached)
         req.n_reused = n_reused
+        req.t_start = time.perf_counter()
         slot.req = req
+        slot.logprobs = []
         slot.pending = prompt[n_reused:]
         slot.next_token = None
         if req._fault is not None and req._fault[0] == "admit":
@@ -586,8 +666,15 @@ class Scheduler:
             p = self._pieces[token] = bytes(self._model.token_to_piece(int(token)))
         return p
 
+    def _take_logprobs(self, slot: _Slot) -> Optional[list[TokenLogprob]]:
+        if slot.req is None or slot.req.logprobs is None:
+            return None
+        out, slot.logprobs = slot.logprobs, []
+        return out
+
     def _sample(self, slot: _Slot, row: np.ndarray) -> None:
         req = slot.req
+        raw = row
         if req.ignore_eos and self._eog_index.size:
             row = row.copy()
             row[self._eog_index] = -np.inf
@@ -604,9 +691,11 @@ class Scheduler:
             return
         req.completion_tokens.append(token)
         self._metrics["generated_tokens_total"] += 1
+        if req.logprobs is not None:
+            slot.logprobs.append(token_logprob(raw, token, req.logprobs))
         text = slot.stream.push(self._piece(token))
         if text:
-            req._emit(StreamEvent(text=text))
+            req._emit(StreamEvent(text=text, logprobs=self._take_logprobs(slot)))
         if slot.stream.stopped:
             self._end(slot, StreamEvent(finish_reason="stop"))
         elif len(req.completion_tokens) >= slot.max_tokens:
@@ -620,9 +709,13 @@ class Scheduler:
         req = slot.req
         if final.finish_reason in ("stop", "length") and slot.stream is not None:
             tail = slot.stream.finish()
-            if tail:
-                req._emit(StreamEvent(text=tail))
+            lps = self._take_logprobs(slot)
+            if tail or lps:  # the tokens of a stop string or of held-back bytes still get logprobs
+                req._emit(StreamEvent(text=tail, logprobs=lps))
+            self._metrics["served_seconds_sum"] += time.perf_counter() - req.t_start
+            self._metrics["served_count"] += 1
         slot.req = None
+        slot.logprobs = []
         slot.pending = []
         slot.next_token = None
         slot.sampler = None

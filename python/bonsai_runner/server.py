@@ -1,7 +1,17 @@
 """OpenAI-compatible HTTP server over the continuous-batching scheduler (FastAPI + uvicorn).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events ending with
-`data: [DONE]` when "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus text).
+`data: [DONE]` when "stream": true; logprobs as server_logprobs describes), GET /v1/models,
+GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), and llama-server's
+POST /tokenize, POST /detokenize, GET /props and GET /slots. With an API key, every route but
+/health, /metrics and /openapi.json needs it.
+
+CORS (`cors_origins`): Starlette's CORSMiddleware answers preflights and adds the
+Access-Control-* headers for the listed origins ("*": any); off by default. Access log
+(`access_log`, on by default): one line per request on the `bonsai_runner.server` logger at INFO
+(run_server prints it on stderr): method, path, status, the prompt and completion tokens of a
+request that generated (and how it finished), and the wall time in ms; a streamed response is
+logged when its stream ends, a failed one with its error status.
 
 One `ServingEngine` owns the model and the `Scheduler`; the scheduler thread calls each request's
 event callback, which hands the event to the asyncio loop (`call_soon_threadsafe`), so handlers
@@ -14,11 +24,12 @@ The server survives every request. Every failure answers with an OpenAI-style er
 (server_requests.APIError): malformed JSON, JSON nested too deep, wrong field types, out-of-range
 numbers (the engine's ranges), unsupported options and prompts longer than a slot are 400, a wrong
 or missing API key 401, a body over `max_body` bytes 413 (checked on Content-Length and while a
-chunked body is read), a full queue 429, unknown routes 404, a request the scheduler failed 500
-(that request alone: its slot is freed), a stopped or stalled scheduler 503 (/health too). Body
-parsing, validation, chat rendering and tokenization run in worker threads (tokenization through a
-`_core.Vocab`, which releases the GIL), so a large prompt never holds up the event loop; a prompt
-with more bytes than a slot's tokens could ever hold is refused before it is tokenized.
+chunked body is read), a full queue 429 (with a Retry-After header, QueueFullError.retry_after),
+an unknown route or model id 404, a request the scheduler failed 500 (that request alone: its slot
+is freed), a stopped or stalled scheduler 503 (/health too). Body parsing, validation, chat
+rendering and tokenization run in worker threads (tokenization through a `_core.Vocab`, which
+releases the GIL), so a large prompt never holds up the event loop; a prompt with more bytes than
+a slot's tokens could ever hold is refused before it is tokenized.
 Response bodies are completion_format's shapes. GET /openapi.json describes the routes
 (server_openapi); the handlers' own checks stay the authority.
 
@@ -33,19 +44,24 @@ of commands/serve.py.
 
 import asyncio
 import json
+import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
+from . import __version__
 from . import completion_format as fmt
 from .chat_template import ChatTemplate
 from .errors import BonsaiError, check_model_file
 from .scheduler import (GenerationRequest, InvalidRequestError, QueueFullError, Scheduler,
                         SchedulerUnavailableError, StreamEvent)
-from .server_requests import (APIError, bad_request, completion_prompt, from_invalid, parse_json_body,
-                              sampling_args, stream_flags)
+from .server_logprobs import LogprobFormatter, chat_logprobs
+from .server_requests import (COMPLETION_DEFAULTS, SAMPLING_DEFAULTS, APIError, bad_request, chat_template_kwargs,
+                              completion_prompt, detokenize_ids, from_invalid, parse_json_body, sampling_args,
+                              stream_flags, tokenize_args)
 from .vocab_facts import adds_bos, end_of_generation_ids, token_text
 
 __all__ = ["ServingEngine", "create_app", "run_server", "bind_socket", "main", "DEFAULT_MAX_BODY",
@@ -54,6 +70,7 @@ __all__ = ["ServingEngine", "create_app", "run_server", "bind_socket", "main", "
 _DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
 DEFAULT_MAX_BODY = 4 << 20  # bytes of a request body (--max-body)
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0  # seconds in-flight requests get after SIGTERM (--shutdown-timeout)
+log = logging.getLogger("bonsai_runner.server")
 
 
 class ServingEngine:
@@ -67,6 +84,7 @@ class ServingEngine:
         from . import _core
 
         check_model_file(model_path)
+        self.model_path = model_path
         self.model_id = model_alias or os.path.basename(model_path)
         self.created = int(time.time())
         self._model = _core.Model(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
@@ -105,6 +123,36 @@ class ServingEngine:
         self.scheduler = Scheduler(self._model, eog_ids=eog, **scheduler_args)
         self.fault_injection = self.scheduler.fault_injection
         self._max_prompt_bytes = 2 * max(longest, 8) * self.scheduler.n_ctx_slot
+        self._pieces: dict[int, bytes] = {}
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of a token, as the completion text has them."""
+        p = self._pieces.get(token)
+        if p is None:
+            p = self._pieces[token] = bytes(self._model.token_to_piece(int(token)))
+        return p
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool, with_pieces: bool) -> list:
+        """POST /tokenize: ids, or with_pieces [{"id", "piece"}] (the piece a string when its bytes
+        are valid UTF-8, else the list of bytes, as llama-server)."""
+        tokens = [int(t) for t in self._vocab.tokenize(_utf8(text, "content"), add_special=add_special,
+                                                        parse_special=parse_special)]
+        if not with_pieces:
+            return tokens
+        out = []
+        for t in tokens:
+            b = bytes(self._vocab.token_to_piece(t, True))
+            try:
+                piece: Any = b.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": t, "piece": piece})
+        return out
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """POST /detokenize: the text of `tokens`, special tokens as their text; bytes that are not
+        valid UTF-8 become U+FFFD."""
+        return bytes(self._vocab.detokenize(tokens, True)).decode("utf-8", errors="replace")
 
     def close(self) -> None:
         self.scheduler.close()
@@ -121,9 +169,10 @@ class ServingEngine:
                               "prompt", "invalid_value")
         return list(prompt), bytes(self._model.detokenize(prompt)).decode("utf-8", errors="ignore")
 
-    def chat_tokens(self, messages: Any, tools: Any) -> list[int]:
+    def chat_tokens(self, messages: Any, tools: Any, template_kwargs: Optional[dict] = None) -> list[int]:
         try:
-            text = self.chat.render(messages, add_generation_prompt=True, tools=tools)
+            text = self.chat.render(messages, add_generation_prompt=True, text_only=True, tools=tools,
+                                    **(template_kwargs or {}))
         except BonsaiError as e:
             raise bad_request(str(e), "messages", "invalid_value") from None
         tokens = self._tokenize(_utf8(text, "messages"), "messages", add_special=False)
@@ -151,7 +200,8 @@ class ServingEngine:
         except InvalidRequestError as e:
             raise from_invalid(e) from None
         except QueueFullError as e:
-            raise APIError(429, str(e), "rate_limit_exceeded", None, "queue_full") from None
+            raise APIError(429, str(e), "rate_limit_exceeded", None, "queue_full",
+                           headers={"Retry-After": str(e.retry_after)}) from None
         except SchedulerUnavailableError as e:
             raise APIError(503, str(e), "server_error", None, "unavailable") from None
 
@@ -173,6 +223,7 @@ class _Job:
     stream: bool
     include_usage: bool
     echo_text: str = ""  # the prompt text to echo before the completion ("" = no echo)
+    text_offset: int = 0  # characters of prompt text before the completion (logprobs' text_offset)
 
 
 def _fault_arg(engine: ServingEngine, body: dict, args: dict) -> None:
@@ -193,9 +244,12 @@ def _completion_job(engine: ServingEngine, raw: bytes) -> _Job:
     if body.get("suffix"):
         raise bad_request("suffix (fill-in-the-middle) is not supported by the server", "suffix",
                           "unsupported_value")
+    if echo and args["logprobs"] is not None:
+        raise bad_request("logprobs with echo (the prompt's logprobs) are not supported by the server; "
+                          "send echo or logprobs, not both", "logprobs", "unsupported_value")
     _fault_arg(engine, body, args)
     tokens, prompt_text = engine.completion_tokens(prompt)
-    return _Job(tokens, args, stream, include_usage, prompt_text if echo else "")
+    return _Job(tokens, args, stream, include_usage, prompt_text if echo else "", len(prompt_text))
 
 
 def _chat_job(engine: ServingEngine, raw: bytes) -> _Job:
@@ -208,7 +262,7 @@ def _chat_job(engine: ServingEngine, raw: bytes) -> _Job:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad_request("'tools' must be a list", "tools", "invalid_type")
-    tokens = engine.chat_tokens(body["messages"], tools)
+    tokens = engine.chat_tokens(body["messages"], tools, chat_template_kwargs(body))
     stops = [] if args["stop"] is None else [args["stop"]] if isinstance(args["stop"], str) else list(args["stop"])
     if engine.chat.eos_token:
         stops.append(engine.chat.eos_token)
@@ -275,9 +329,11 @@ def _usage(req: GenerationRequest) -> dict:
     return {"prompt_tokens": req.n_prompt, "completion_tokens": n, "total_tokens": req.n_prompt + n}
 
 
-async def _collect(request, req: GenerationRequest, events: _EventQueue) -> tuple[str, str]:
-    """Waits for a non-streamed result, cancelling the request if the client disconnects."""
+async def _collect(request, req: GenerationRequest, events: _EventQueue) -> tuple[str, str, Optional[list]]:
+    """Waits for a non-streamed result, cancelling the request if the client disconnects; returns
+    (text, finish reason, the TokenLogprobs or None without logprobs)."""
     parts: list[str] = []
+    logprobs = None if req.logprobs is None else []
     next_check = time.monotonic() + _DISCONNECT_POLL_S
     try:
         while True:
@@ -295,8 +351,10 @@ async def _collect(request, req: GenerationRequest, events: _EventQueue) -> tupl
             if ev.finish_reason == "error":
                 raise APIError(500, ev.error or "generation failed", "server_error")
             parts.append(ev.text)
+            if ev.logprobs:
+                logprobs.extend(ev.logprobs)
             if ev.finish_reason is not None:
-                return "".join(parts), ev.finish_reason
+                return "".join(parts), ev.finish_reason, logprobs
     finally:
         if not req.done:
             req.cancel()
@@ -351,9 +409,71 @@ def _metrics_text(engine: ServingEngine) -> str:
     return "\n".join(lines) + "\n"
 
 
-def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: int = DEFAULT_MAX_BODY):
+class _AccessLog:
+    """ASGI middleware: one access-log line per HTTP request, written when the response has been
+    sent (for a stream: when it ends), also when the application raised (logged as 500)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        note: dict = {}
+        scope["bonsai.access"] = note  # handlers put their GenerationRequest here (_note_request)
+        status = [0]
+
+        async def send_and_see(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_see)
+        except BaseException:
+            status[0] = status[0] or 500
+            raise
+        finally:
+            _log_access(scope, status[0], note.get("request"), time.perf_counter() - t0)
+
+
+def _note_request(request, req: GenerationRequest) -> None:
+    note = request.scope.get("bonsai.access")
+    if note is not None:
+        note["request"] = req
+
+
+def _log_access(scope, status: int, req: Optional[GenerationRequest], seconds: float) -> None:
+    path = scope.get("path", "")
+    line = f"{scope.get('method', '-')} {path} {status or '-'}"
+    if req is not None:
+        line += (f" prompt_tokens={req.n_prompt} completion_tokens={len(req.completion_tokens)}"
+                 f" finish={req.finish_reason or 'unfinished'}")
+    log.info("%s %.1f ms", line, seconds * 1000.0)
+
+
+def _props(engine: ServingEngine) -> dict:
+    """GET /props: llama-server's fields that apply here, with this server's values (`params`: the
+    defaults of /v1/completions; chat differs in temperature 0.2 and no token limit)."""
+    sched = engine.scheduler
+    params = {"n_predict": COMPLETION_DEFAULTS["max_tokens"], "temperature": COMPLETION_DEFAULTS["temperature"],
+              **SAMPLING_DEFAULTS, "ignore_eos": False, "stop": [], "stream": False,
+              "cache_prompt": sched.cache_prompt}
+    out = {"default_generation_settings": {"n_ctx": sched.n_ctx_slot, "params": params},
+           "total_slots": sched.n_parallel, "model_path": engine.model_path, "model_alias": engine.model_id,
+           "chat_template": engine.chat.source, "bos_token": engine.chat.bos_token,
+           "eos_token": engine.chat.eos_token, "modalities": {"vision": False, "audio": False},
+           "build_info": f"bonsai-runner {__version__}", "n_vocab": engine.n_vocab}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: int = DEFAULT_MAX_BODY,
+               cors_origins: Optional[list[str]] = None, access_log: bool = True):
     """The FastAPI application serving `engine`; `api_key` (if set) is required as a Bearer token
-    on the /v1 routes; request bodies over `max_body` bytes are refused with 413."""
+    on every route but /health, /metrics and /openapi.json; request bodies over `max_body` bytes
+    are refused with 413; `cors_origins` (a list of origins, ["*"] for any; None = no CORS) are
+    allowed cross-origin requests; `access_log` logs one line per request (see the module docstring)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
@@ -363,10 +483,17 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
 
     app = FastAPI(title="bonsai-runner", docs_url=None, redoc_url=None, openapi_url=None)
     schema = openapi_document(max_body=max_body, api_key=api_key is not None, n_vocab=engine.n_vocab)
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"], max_age=600)
+    if access_log:
+        app.add_middleware(_AccessLog)  # added last: outside CORS, so preflights are logged too
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):
@@ -410,11 +537,50 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
     async def metrics():
         return PlainTextResponse(_metrics_text(engine), media_type="text/plain; version=0.0.4")
 
+    def model_card() -> dict:
+        return {"id": engine.model_id, "object": "model", "created": engine.created, "owned_by": "bonsai-runner"}
+
     @app.get("/v1/models")
     async def models(request: Request):
         check_key(request)
-        return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": engine.created,
-                                            "owned_by": "bonsai-runner"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str):
+        check_key(request)
+        if model_id != engine.model_id:
+            raise APIError(404, f"the model '{model_id}' does not exist: this server serves '{engine.model_id}' "
+                           "(GET /v1/models)", "invalid_request_error", "model", "model_not_found")
+        return model_card()
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        check_key(request)
+
+        def work(raw: bytes) -> dict:
+            content, add_special, parse_special, with_pieces = tokenize_args(parse_json_body(raw))
+            return {"tokens": engine.tokenize(content, add_special, parse_special, with_pieces)}
+
+        return await asyncio.to_thread(work, await _read_body(request, max_body))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        check_key(request)
+
+        def work(raw: bytes) -> dict:
+            return {"content": engine.detokenize(detokenize_ids(parse_json_body(raw), engine.n_vocab))}
+
+        return await asyncio.to_thread(work, await _read_body(request, max_body))
+
+    @app.get("/props")
+    async def props(request: Request):
+        check_key(request)
+        return _props(engine)
+
+    @app.get("/slots")
+    async def slots(request: Request):
+        check_key(request)
+        return await asyncio.to_thread(engine.scheduler.slots)  # takes the scheduler's lock
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -423,12 +589,14 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
         stream, include_usage, echo, prompt_text = job.stream, job.include_usage, bool(job.echo_text), job.echo_text
         events = _EventQueue(asyncio.get_running_loop())
         req = engine.submit(job.tokens, job.args, events)
+        _note_request(request, req)
         cid, created = fmt.new_completion_id()
         model = engine.model_id
+        lp = LogprobFormatter(engine.piece, job.text_offset)
         if not stream:
-            text, reason = await _collect(request, req, events)
-            return fmt.completion_response(cid, created, model, (prompt_text if echo else "") + text, None,
-                                           reason, req.n_prompt, len(req.completion_tokens))
+            text, reason, logprobs = await _collect(request, req, events)
+            return fmt.completion_response(cid, created, model, (prompt_text if echo else "") + text,
+                                           lp.legacy(logprobs), reason, req.n_prompt, len(req.completion_tokens))
 
         async def chunks():
             if echo:
@@ -437,8 +605,8 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
                 if ev.finish_reason == "error":
                     yield _sse(APIError(500, ev.error or "generation failed", "server_error").body())
                     return
-                if ev.text:
-                    yield _sse(fmt.completion_chunk(cid, created, model, ev.text, None, None))
+                if ev.text or ev.logprobs:
+                    yield _sse(fmt.completion_chunk(cid, created, model, ev.text, lp.legacy(ev.logprobs), None))
                 if ev.finish_reason is not None:
                     yield _sse(fmt.completion_chunk(cid, created, model, "", None, ev.finish_reason))
             if include_usage:
@@ -454,12 +622,15 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
         stream, include_usage = job.stream, job.include_usage
         events = _EventQueue(asyncio.get_running_loop())
         req = engine.submit(job.tokens, job.args, events)
+        _note_request(request, req)
         cid, created = fmt.new_completion_id()
         model = engine.model_id
         if not stream:
-            text, reason = await _collect(request, req, events)
-            return fmt.chat_response(fmt.completion_response(cid, created, model, text, None, reason, req.n_prompt,
-                                                             len(req.completion_tokens)))
+            text, reason, logprobs = await _collect(request, req, events)
+            out = fmt.chat_response(fmt.completion_response(cid, created, model, text, None, reason, req.n_prompt,
+                                                            len(req.completion_tokens)))
+            out["choices"][0]["logprobs"] = chat_logprobs(logprobs, engine.piece)
+            return out
 
         async def chunks():
             first = True
@@ -468,12 +639,14 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
                     yield _sse(APIError(500, ev.error or "generation failed", "server_error").body())
                     return
                 parts = []
-                if ev.text:
-                    parts.append(fmt.completion_chunk(cid, created, model, ev.text, None, None))
+                if ev.text or ev.logprobs:
+                    parts.append((fmt.completion_chunk(cid, created, model, ev.text, None, None),
+                                  chat_logprobs(ev.logprobs, engine.piece)))
                 if ev.finish_reason is not None:
-                    parts.append(fmt.completion_chunk(cid, created, model, "", None, ev.finish_reason))
-                for part in parts:
+                    parts.append((fmt.completion_chunk(cid, created, model, "", None, ev.finish_reason), None))
+                for part, logprobs in parts:
                     out = list(fmt.chat_chunks([part]))  # [role delta, this delta]
+                    out[-1]["choices"][0]["logprobs"] = logprobs
                     for c in (out if first else out[1:]):
                         yield _sse(c)
                     first = False
@@ -510,15 +683,23 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def run_server(engine: ServingEngine, host: str = "127.0.0.1", port: int = 8080, api_key: Optional[str] = None,
                log_level: str = "warning", max_body: int = DEFAULT_MAX_BODY,
-               shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT, sock: Optional[socket.socket] = None) -> None:
+               shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT, sock: Optional[socket.socket] = None,
+               cors_origins: Optional[list[str]] = None, access_log: bool = True) -> None:
     """Serves `engine` until SIGTERM / SIGINT, on `sock` (from bind_socket) or host:port. On the
-    signal, in-flight requests get `shutdown_timeout` seconds, then they are cancelled."""
+    signal, in-flight requests get `shutdown_timeout` seconds, then they are cancelled. The access
+    log (see create_app) goes to stderr, one line per request."""
     import uvicorn
 
     if sock is None:
         sock = bind_socket(host, port)
-    config = uvicorn.Config(create_app(engine, api_key, max_body), log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=shutdown_timeout)
+    if access_log and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    config = uvicorn.Config(create_app(engine, api_key, max_body, cors_origins, access_log), log_level=log_level,
+                            access_log=False, timeout_graceful_shutdown=shutdown_timeout)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -5,14 +5,15 @@ clients and fuzzers (fuzz/server/run_schemathesis.py runs schemathesis against i
 server takes. The handlers' own checks (server_requests) stay the authority: the numeric ranges
 here are the same tables (server_requests.INT_RANGES / FLOAT_RANGES), and every error answers with
 the one shape `{"error": {"message", "type", "param", "code"}}`. Bodies are open objects: clients
-send vendor extensions, and the server ignores fields it does not know.
+send vendor extensions, and the server ignores fields it does not know; the OpenAI / llama-server
+fields it refuses (server_requests.UNSUPPORTED_FIELDS) are listed with the only values it accepts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .server_requests import FLOAT_RANGES, INT_RANGES
+from .server_requests import FLOAT_RANGES, INT_RANGES, UNSUPPORTED_FIELDS
 
 __all__ = ["openapi_document"]
 
@@ -62,9 +63,23 @@ def _sampling_properties(chat: bool) -> dict:
     }
     if chat:
         props["max_completion_tokens"] = _int_field("max_completion_tokens", "the same as max_tokens")
+        props["logprobs"] = {"type": "boolean", "nullable": True, "description": "return each token's logprob"}
+        props["top_logprobs"] = _int_field("top_logprobs", "alternatives per token (needs logprobs: true)")
+        props["chat_template_kwargs"] = {"type": "object", "nullable": True,
+                                         "description": "extra variables for the chat template"}
     else:
         props["best_of"] = {"type": "integer", "enum": [1], "nullable": True}
         props["echo"] = {"type": "boolean", "nullable": True, "description": "prepend the prompt to the text"}
+        props["logprobs"] = _int_field("logprobs", "return each token's logprob and this many alternatives "
+                                       "(not with echo)")
+    endpoint = "chat" if chat else "completion"
+    for name, (endpoints, (_, values), what, _fix) in UNSUPPORTED_FIELDS.items():
+        if endpoint in endpoints:
+            only = ", ".join(repr(v) for v in values)
+            props[name] = {"nullable": True, "description": f"unsupported ({what}): only null"
+                           + (f" or {only}" if values else "")}
+            if values:
+                props[name]["enum"] = values
     return props
 
 
@@ -101,6 +116,26 @@ def _schemas(n_vocab: int) -> dict:
              "properties": {k: {"type": "integer", "minimum": 0}
                             for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
     finish = {"type": "string", "enum": ["stop", "length"]}
+    legacy_logprobs = {"type": "object", "nullable": True,
+                       "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+                       "properties": {"tokens": {"type": "array", "items": {"type": "string"}},
+                                      "token_logprobs": {"type": "array", "items": {"type": "number"}},
+                                      "top_logprobs": {"type": "array", "items": {
+                                          "type": "object", "additionalProperties": {"type": "number"}}},
+                                      "text_offset": {"type": "array", "items": {"type": "integer"}}}}
+    token_lp = {"type": "object", "required": ["token", "logprob", "bytes"],
+                "properties": {"token": {"type": "string"}, "logprob": {"type": "number"},
+                               "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                                    "maximum": 255}}}}
+    chat_logprobs = {"type": "object", "nullable": True, "required": ["content"],
+                     "properties": {"content": {"type": "array", "items": {
+                         "allOf": [token_lp, {"type": "object", "required": ["top_logprobs"],
+                                              "properties": {"top_logprobs": {"type": "array",
+                                                                              "items": token_lp}}}]}}}}
+    model = {"type": "object", "required": ["id", "object", "created", "owned_by"],
+             "properties": {"id": {"type": "string"}, "object": {"type": "string"},
+                            "created": {"type": "integer"}, "owned_by": {"type": "string"}}}
+    count = {"type": "integer", "minimum": 0}
     head = {"id": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"}}
     return {
         "CompletionRequest": _completion_request(n_vocab),
@@ -121,6 +156,7 @@ def _schemas(n_vocab: int) -> dict:
                                       "choices": {"type": "array", "minItems": 1, "items": {
                                           "type": "object", "required": ["text", "index", "finish_reason"],
                                           "properties": {"text": {"type": "string"}, "index": {"type": "integer"},
+                                                         "logprobs": legacy_logprobs,
                                                          "finish_reason": finish}}},
                                       "usage": _ref("Usage")}},
         "ChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
@@ -133,15 +169,51 @@ def _schemas(n_vocab: int) -> dict:
                                                               "properties": {
                                                                   "role": {"type": "string", "enum": ["assistant"]},
                                                                   "content": {"type": "string"}}},
+                                                  "logprobs": chat_logprobs,
                                                   "finish_reason": finish}}},
                                           "usage": _ref("Usage")}},
         "Models": {"type": "object", "required": ["object", "data"],
                    "properties": {"object": {"type": "string", "enum": ["list"]},
-                                  "data": {"type": "array", "items": {
-                                      "type": "object", "required": ["id", "object", "created", "owned_by"],
-                                      "properties": {"id": {"type": "string"}, "object": {"type": "string"},
-                                                     "created": {"type": "integer"},
-                                                     "owned_by": {"type": "string"}}}}}},
+                                  "data": {"type": "array", "items": _ref("Model")}}},
+        "Model": model,
+        "TokenizeRequest": {"type": "object", "required": ["content"],
+                            "properties": {"content": {"type": "string", "description": "the text"},
+                                           "add_special": {"type": "boolean", "nullable": True,
+                                                           "description": "add BOS etc. as the model does "
+                                                                          "(default false)"},
+                                           "parse_special": {"type": "boolean", "nullable": True,
+                                                             "description": "special-token text becomes its token "
+                                                                            "(default true)"},
+                                           "with_pieces": {"type": "boolean", "nullable": True,
+                                                           "description": "return {id, piece} objects"}}},
+        "Tokens": {"type": "object", "required": ["tokens"],
+                   "properties": {"tokens": {"type": "array", "items": {"oneOf": [
+                       {"type": "integer", "minimum": 0},
+                       {"type": "object", "required": ["id", "piece"],
+                        "properties": {"id": {"type": "integer", "minimum": 0},
+                                       "piece": {"oneOf": [{"type": "string"},
+                                                           {"type": "array", "items": {"type": "integer"}}]}}}]}}}},
+        "DetokenizeRequest": {"type": "object", "required": ["tokens"],
+                              "properties": {"tokens": {"type": "array", "items": {
+                                  "type": "integer", "minimum": 0, "maximum": max(n_vocab - 1, 0)}}}},
+        "Content": {"type": "object", "required": ["content"], "properties": {"content": {"type": "string"}}},
+        "Props": {"type": "object",
+                  "required": ["default_generation_settings", "total_slots", "model_path", "chat_template",
+                               "build_info"],
+                  "properties": {"default_generation_settings": {
+                                     "type": "object", "required": ["n_ctx", "params"],
+                                     "properties": {"n_ctx": count, "params": {"type": "object"}}},
+                                 "total_slots": count, "model_path": {"type": "string"},
+                                 "model_alias": {"type": "string"}, "chat_template": {"type": "string"},
+                                 "bos_token": {"type": "string"}, "eos_token": {"type": "string"},
+                                 "modalities": {"type": "object"}, "build_info": {"type": "string"},
+                                 "n_vocab": count}},
+        "Slots": {"type": "array", "items": {
+            "type": "object", "required": ["id", "n_ctx", "is_processing", "n_cached_tokens"],
+            "properties": {"id": count, "n_ctx": count, "is_processing": {"type": "boolean"},
+                           "n_cached_tokens": count, "id_task": count, "n_prompt_tokens": count,
+                           "n_prompt_tokens_cached": count, "n_prompt_tokens_pending": count,
+                           "n_decoded": count}}},
         "Health": {"type": "object", "required": ["status", "slots_idle", "slots_processing", "queue_depth"],
                    "properties": {"status": {"type": "string", "enum": ["ok", "closed", "stopped", "stalled"]},
                                   "slots_idle": {"type": "integer"}, "slots_processing": {"type": "integer"},
@@ -152,11 +224,31 @@ def _schemas(n_vocab: int) -> dict:
 
 def _errors(*statuses: int) -> dict:
     what = {400: "invalid request (the message names the field and the fix)", 401: "wrong or missing API key",
-            413: "request body larger than --max-body", 429: "the queue is full; retry later",
+            404: "no such model", 413: "request body larger than --max-body",
+            429: "the queue is full; retry after the Retry-After header's seconds",
             500: "this request failed inside the engine (its slot is freed)",
             503: "the scheduler is stopped, stalled or shutting down"}
-    return {str(s): {"description": what[s], "content": {"application/json": {"schema": _ref("Error")}}}
-            for s in statuses}
+    out = {str(s): {"description": what[s], "content": {"application/json": {"schema": _ref("Error")}}}
+           for s in statuses}
+    if "429" in out:
+        out["429"]["headers"] = {"Retry-After": {
+            "description": "seconds: the mean time a slot took per request / the number of slots, 1..60",
+            "schema": {"type": "integer", "minimum": 1, "maximum": 60}}}
+    return out
+
+
+def _json(schema: str, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _post(request: str, response: str, summary: str, key_errors: tuple) -> dict:
+    return {"post": {"summary": summary,
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+                     "responses": {"200": _json(response, summary), **_errors(400, 413, *key_errors)}}}
+
+
+def _get(response: str, summary: str, key_errors: tuple) -> dict:
+    return {"get": {"summary": summary, "responses": {"200": _json(response, summary), **_errors(*key_errors)}}}
 
 
 def _generation(request: str, response: str, summary: str, api_key: bool) -> dict:
@@ -184,11 +276,15 @@ def openapi_document(*, max_body: int, api_key: bool, n_vocab: int = 1 << 31) ->
             "/v1/completions": _generation("CompletionRequest", "Completion", "text completion", api_key),
             "/v1/chat/completions": _generation("ChatCompletionRequest", "ChatCompletion", "chat completion",
                                                 api_key),
-            "/v1/models": {"get": {"summary": "the served model",
-                                   "responses": {"200": {"description": "one model",
-                                                         "content": {"application/json": {
-                                                             "schema": _ref("Models")}}},
-                                                 **_errors(*v1_errors)}}},
+            "/v1/models": _get("Models", "the served model", v1_errors),
+            "/v1/models/{model_id}": {"get": {
+                "summary": "one model by id",
+                "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": _json("Model", "the model"), **_errors(404, *v1_errors)}}},
+            "/tokenize": _post("TokenizeRequest", "Tokens", "text to token ids (llama-server)", v1_errors),
+            "/detokenize": _post("DetokenizeRequest", "Content", "token ids to text (llama-server)", v1_errors),
+            "/props": _get("Props", "server and model properties (llama-server)", v1_errors),
+            "/slots": _get("Slots", "the state of each parallel sequence slot (llama-server)", v1_errors),
             "/health": {"get": {"summary": "liveness of the scheduler",
                                 "responses": {"200": {"description": "serving",
                                                       "content": {"application/json": {"schema": _ref("Health")}}},
@@ -203,7 +299,8 @@ def openapi_document(*, max_body: int, api_key: bool, n_vocab: int = 1 << 31) ->
     }
     if api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        for path in ("/v1/completions", "/v1/chat/completions", "/v1/models"):
+        for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model_id}", "/tokenize",
+                     "/detokenize", "/props", "/slots"):
             for op in doc["paths"][path].values():
                 op["security"] = [{"bearer": []}]
     return doc

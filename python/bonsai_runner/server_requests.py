@@ -6,9 +6,14 @@ the body the official clients parse into BadRequestError / AuthenticationError /
 Parameters are type-checked and range-checked here, against the ranges the engine takes
 (engine_limits: C int counts, uint64 seed), so an out-of-range value is a 400 that names the field
 and its range (GenerationRequest checks them again). Unknown fields are ignored (clients send vendor
-extensions), but fields the server cannot honour (n > 1, best_of, logprobs, suffix, several prompts)
-are refused rather than silently dropped. A body must be a JSON object nested at most
+extensions), but fields the server cannot honour (n > 1, best_of, suffix, several prompts, echo with
+logprobs, and the OpenAI / llama-server generation fields in UNSUPPORTED_FIELDS: other samplers,
+grammars, audio, tool choice, ...) are refused with a 400 naming them rather than silently dropped;
+each is accepted only with its "off" value (or null). A body must be a JSON object nested at most
 MAX_JSON_DEPTH deep, without the NaN / Infinity extensions.
+
+Logprobs: /v1/completions takes `logprobs: N` (the legacy API: N most likely alternatives per
+token), /v1/chat/completions `logprobs: true` with `top_logprobs: N`; N is 0..MAX_LOGPROBS.
 """
 
 from __future__ import annotations
@@ -22,25 +27,33 @@ from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .scheduler import InvalidRequestError
 
 __all__ = ["APIError", "bad_request", "from_invalid", "parse_json_body", "sampling_args", "completion_prompt",
-           "stream_flags"]
+           "stream_flags", "chat_template_kwargs", "tokenize_args", "detokenize_ids", "UNSUPPORTED_FIELDS",
+           "MAX_LOGPROBS"]
 
 # Defaults per endpoint, as bonsai_runner.Llama's create_completion / create_chat_completion.
 COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 0.8}
 CHAT_DEFAULTS = {"max_tokens": None, "temperature": 0.2}
+# The defaults of the other sampling fields, both endpoints.
+SAMPLING_DEFAULTS = {"top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0, "top_k": 40, "repeat_last_n": 64}
 
 MAX_JSON_DEPTH = 64  # nesting levels a request body may use (real requests use fewer than 10)
+MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's limit for top_logprobs)
 
 # The ranges of the numeric fields (all inclusive but top_p's and repeat_penalty's lower bound).
 INT_RANGES = {"max_tokens": (1, INT32_MAX), "max_completion_tokens": (1, INT32_MAX), "top_k": (0, INT32_MAX),
-              "repeat_last_n": (0, INT32_MAX), "seed": (0, UINT64_MAX)}
+              "repeat_last_n": (0, INT32_MAX), "seed": (0, UINT64_MAX), "logprobs": (0, MAX_LOGPROBS),
+              "top_logprobs": (0, MAX_LOGPROBS)}
 FLOAT_RANGES = {"temperature": (0.0, 100.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False),
                 "repeat_penalty": (0.0, 100.0, True)}
 
 
 class APIError(Exception):
+    """An HTTP error answer; `headers` are sent with it (Retry-After on a 429)."""
+
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
+                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict] = None):
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type_
@@ -152,13 +165,7 @@ def sampling_args(body: dict, chat: bool) -> dict:
     best_of = _typed(body, "best_of", (int,), "an integer")
     if best_of is not None and best_of != 1:
         raise bad_request("best_of is not supported; send best_of=1", "best_of", "unsupported_value")
-    if chat:
-        if body.get("logprobs") or body.get("top_logprobs"):
-            raise bad_request("logprobs are not supported by this server; omit logprobs/top_logprobs",
-                              "logprobs", "unsupported_value")
-    elif body.get("logprobs") is not None:
-        raise bad_request("logprobs are not supported by this server; omit logprobs", "logprobs",
-                          "unsupported_value")
+    _refuse_unsupported(body, chat)
     defaults = CHAT_DEFAULTS if chat else COMPLETION_DEFAULTS
     if _typed(body, "max_tokens", (int,), "an integer") is not None and body["max_tokens"] < 1:
         raise bad_request(f"'max_tokens' must be at least 1, got {body['max_tokens']}; omit it (chat) to "
@@ -176,15 +183,15 @@ def sampling_args(body: dict, chat: bool) -> dict:
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
         raise bad_request("'stop' must contain only strings", "stop", "invalid_type")
     out = {"max_tokens": max_tokens, "stop": stop}
-    numbers = {"temperature": defaults["temperature"], "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
-    for name, default in numbers.items():
+    for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
         v = _float_field(body, name)
-        out[name] = default if v is None else v
-    for name, default in (("top_k", 40), ("repeat_last_n", 64)):
+        out[name] = (defaults if name == "temperature" else SAMPLING_DEFAULTS)[name] if v is None else v
+    for name in ("top_k", "repeat_last_n"):
         v = _int_field(body, name)
-        out[name] = default if v is None else v
+        out[name] = SAMPLING_DEFAULTS[name] if v is None else v
     out["ignore_eos"] = bool(_typed(body, "ignore_eos", (bool,), "a boolean"))
     out["seed"] = _int_field(body, "seed")
+    out["logprobs"] = _chat_logprobs(body) if chat else _int_field(body, "logprobs")
     if body.get("logit_bias"):
         raise bad_request("logit_bias is not supported by this server; omit it", "logit_bias", "unsupported_value")
     fmt = body.get("response_format")
@@ -196,6 +203,123 @@ def sampling_args(body: dict, chat: bool) -> dict:
         if v:
             raise bad_request(f"{name} is not supported; use repeat_penalty (1 = off)", name, "unsupported_value")
     return out
+
+
+def _chat_logprobs(body: dict) -> Optional[int]:
+    """The number of alternatives per token of a chat request (None: no logprobs)."""
+    on = _typed(body, "logprobs", (bool,), "a boolean")
+    top = _int_field(body, "top_logprobs")
+    if top is not None and not on:
+        raise bad_request("'top_logprobs' needs 'logprobs': true; send both, or omit top_logprobs",
+                          "top_logprobs", "invalid_value")
+    return (top or 0) if on else None
+
+
+def _off(*values: Any):
+    """A field accepted only as null or one of `values` (JSON values; a boolean never equals a number)."""
+    def kind(x: Any) -> type:
+        return float if isinstance(x, (int, float)) and not isinstance(x, bool) else type(x)
+
+    def neutral(v: Any) -> bool:
+        return v is None or any(kind(v) is kind(x) and v == x for x in values)
+    return neutral, list(values)
+
+
+# Generation fields of the OpenAI API and llama-server that this server does not implement:
+# name -> (endpoints, (is-off test, the accepted values), what it does, the fix). A request that
+# sets one to anything but its "off" value (or null) is a 400 naming it. (logit_bias and the
+# frequency / presence penalties are handled in sampling_args.)
+_BOTH, _CHAT = ("completion", "chat"), ("chat",)
+UNSUPPORTED_FIELDS = {
+    "n_probs": (_BOTH, _off(0), "llama-server's token probabilities",
+                "use logprobs (completions) or logprobs + top_logprobs (chat)"),
+    "post_sampling_probs": (_BOTH, _off(False), "probabilities after the samplers", "omit it"),
+    "n_predict": (_BOTH, _off(), "llama-server's token limit", "use max_tokens"),
+    "n_cmpl": (_BOTH, _off(1), "several completions per request", "send one request per completion"),
+    "typical_p": (_BOTH, _off(1), "locally typical sampling", "omit it or send 1"),
+    "dynatemp_range": (_BOTH, _off(0), "dynamic temperature", "omit it or send 0"),
+    "dynatemp_exponent": (_BOTH, _off(1), "dynamic temperature", "omit it or send 1"),
+    "mirostat": (_BOTH, _off(0), "Mirostat sampling", "omit it or send 0"),
+    "dry_multiplier": (_BOTH, _off(0), "DRY repetition penalty", "use repeat_penalty, or send 0"),
+    "xtc_probability": (_BOTH, _off(0), "XTC sampling", "omit it or send 0"),
+    "top_n_sigma": (_BOTH, _off(-1), "top-n-sigma sampling", "omit it or send -1"),
+    "min_keep": (_BOTH, _off(0), "a floor on the candidates the samplers keep", "omit it or send 0"),
+    "samplers": (_BOTH, _off(), "a custom sampler order", "omit it (the order is fixed)"),
+    "grammar": (_BOTH, _off(""), "grammar-constrained output", "omit it"),
+    "json_schema": (_BOTH, _off(), "schema-constrained output", "omit it"),
+    "lora": (_BOTH, _off([]), "LoRA adapters", "omit it"),
+    "t_max_predict_ms": (_BOTH, _off(0), "a time limit on generation", "use max_tokens"),
+    "n_indent": (_BOTH, _off(0), "an indentation stop", "omit it"),
+    "return_tokens": (_BOTH, _off(False), "token ids in the response", "use POST /tokenize on the text"),
+    "timings_per_token": (_BOTH, _off(False), "timings in every chunk", "omit it (see GET /metrics)"),
+    "return_progress": (_BOTH, _off(False), "prompt progress chunks", "omit it"),
+    "response_fields": (_BOTH, _off(), "a selection of response fields", "omit it"),
+    "image_data": (_BOTH, _off([]), "images (this engine reads text only)", "omit it"),
+    "multimodal_data": (_BOTH, _off([]), "images or audio (this engine reads text only)", "omit it"),
+    "audio": (_CHAT, _off(), "audio output", "omit it"),
+    "modalities": (_CHAT, _off(["text"]), "output modalities other than text", "omit it or send [\"text\"]"),
+    "functions": (_CHAT, _off([]), "function calling (the deprecated form)", "omit it"),
+    "function_call": (_CHAT, _off("none", "auto"), "forcing a function call", "omit it"),
+    "tool_choice": (_CHAT, _off("none", "auto"), "forcing a tool call (tool calls are not parsed)",
+                    "omit it or send \"auto\""),
+    "reasoning_effort": (_CHAT, _off(), "reasoning effort", "pass template variables in chat_template_kwargs"),
+    "verbosity": (_CHAT, _off(), "output verbosity", "omit it"),
+    "web_search_options": (_CHAT, _off(), "web search", "omit it"),
+    "reasoning_format": (_CHAT, _off("none"), "separating reasoning text (it stays in the content)",
+                         "omit it or send \"none\""),
+    "parse_tool_calls": (_CHAT, _off(False), "parsing tool calls (they stay in the content)", "omit it"),
+    "thinking_forced_open": (_CHAT, _off(False), "forcing the reasoning block open",
+                             "pass template variables in chat_template_kwargs"),
+}
+
+# Variables the server itself gives the chat template; chat_template_kwargs may not replace them.
+_TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                      "strftime_now", "tools")
+
+
+def _refuse_unsupported(body: dict, chat: bool) -> None:
+    endpoint = "chat" if chat else "completion"
+    for name, (endpoints, (neutral, _), what, fix) in UNSUPPORTED_FIELDS.items():
+        if endpoint in endpoints and name in body and not neutral(body[name]):
+            raise bad_request(f"'{name}' ({what}) is not supported by this server; {fix}", name,
+                              "unsupported_value")
+
+
+def chat_template_kwargs(body: dict) -> dict:
+    """The extra chat-template variables of a chat body (`chat_template_kwargs`, as llama-server)."""
+    extra = _typed(body, "chat_template_kwargs", (dict,), "an object")
+    if not extra:
+        return {}
+    clash = next((k for k in extra if k in _TEMPLATE_RESERVED), None)
+    if clash is not None:
+        raise bad_request(f"chat_template_kwargs may not set '{clash}' (the server sets it); remove it",
+                          "chat_template_kwargs", "invalid_value")
+    return dict(extra)
+
+
+def tokenize_args(body: dict) -> tuple[str, bool, bool, bool]:
+    """(content, add_special, parse_special, with_pieces) of a POST /tokenize body, with
+    llama-server's defaults (no BOS, special-token text parsed, no pieces)."""
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise bad_request("'content' is required: the text to tokenize (a string)", "content",
+                          "missing" if content is None else "invalid_type")
+    flags = [_typed(body, name, (bool,), "a boolean") for name in ("add_special", "parse_special", "with_pieces")]
+    add_special, parse_special, with_pieces = (bool(f) if f is not None else d
+                                               for f, d in zip(flags, (False, True, False)))
+    return content, add_special, parse_special, with_pieces
+
+
+def detokenize_ids(body: dict, n_vocab: int) -> list[int]:
+    """The token ids of a POST /detokenize body, each in [0, n_vocab)."""
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad_request("'tokens' is required: a list of token ids (integers)", "tokens",
+                          "missing" if ids is None else "invalid_type")
+    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise bad_request(f"invalid token id {bad}: ids must be in [0, {n_vocab})", "tokens", "invalid_value")
+    return ids
 
 
 def completion_prompt(body: dict) -> Any:

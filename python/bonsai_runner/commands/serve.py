@@ -1,9 +1,12 @@
 """Serve a model over an OpenAI-compatible HTTP API.
 
-Routes: /v1/completions, /v1/chat/completions (streaming with server-sent events), /v1/models,
-/health and /metrics (Prometheus). --parallel sequences are decoded together in one batch
+Routes: /v1/completions, /v1/chat/completions (streaming with server-sent events, logprobs),
+/v1/models, /v1/models/{id}, /health, /metrics (Prometheus), and llama-server's /tokenize,
+/detokenize, /props and /slots. --parallel sequences are decoded together in one batch
 (continuous batching); each has --ctx-size tokens of KV cache (prompt + completion). Requests
-beyond --parallel wait in a queue of --queue-limit; when it is full the server answers 429.
+beyond --parallel wait in a queue of --queue-limit; when it is full the server answers 429 with a
+Retry-After header. --cors-origins allows browsers on other origins; an access log line per request
+goes to stderr (--no-access-log turns it off).
 Request bodies over --max-body are refused (413). On SIGTERM / SIGINT in-flight requests get
 --shutdown-timeout seconds, then they are cancelled and the server exits. /health answers 503 when
 the scheduler has stopped or made no progress for --stall-timeout seconds while it had work.
@@ -71,6 +74,23 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _origins(text: str) -> list[str]:
+    """--cors-origins: `*`, or a comma-separated list of origins such as http://localhost:3000."""
+    origins = [o.strip().rstrip("/") for o in text.split(",") if o.strip()]
+    if not origins:
+        raise argparse.ArgumentTypeError("give '*' or a comma-separated list of origins, e.g. http://localhost:3000")
+    if "*" in origins:
+        if len(origins) > 1:
+            raise argparse.ArgumentTypeError("'*' allows every origin: give it alone, not in a list")
+        return origins
+    for o in origins:
+        scheme, sep, host = o.partition("://")
+        if not sep or scheme not in ("http", "https") or not host or "/" in host:
+            raise argparse.ArgumentTypeError(f"{o!r} is not an origin: give scheme://host[:port], "
+                                             "e.g. http://localhost:3000")
+    return origins
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -103,6 +123,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-timeout", type=_seconds, default=10.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT before they are "
                    "cancelled (default: 10)")
+    p.add_argument("--cors-origins", type=_origins, default=None, metavar="ORIGINS",
+                   help="allow cross-origin (browser) requests from these origins: '*' or a comma-separated list "
+                   "such as http://localhost:3000,https://app.example (default: off)")
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                   help="one line per request on stderr: method, path, status, tokens, milliseconds (default: on)")
     p.add_argument("--stall-timeout", type=_seconds, default=120.0,
                    help="seconds a busy scheduler may make no progress before /health answers 503 (default: 120)")
     # Tests and the soak only: honour a request's "debug_fault" field (fail that request on purpose).
@@ -125,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bonsai serve: {engine.model_id} on http://{args.host}:{sock.getsockname()[1]}/v1 "
               f"({args.parallel} slots x {args.ctx_size} tokens)", file=sys.stderr)
         run_server(engine, api_key=api_key, sock=sock, max_body=args.max_body,
-                   shutdown_timeout=args.shutdown_timeout)
+                   shutdown_timeout=args.shutdown_timeout, cors_origins=args.cors_origins,
+                   access_log=args.access_log)
     finally:
         engine.close()
     return 0
