@@ -19,6 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
+from .sampling_params import normalize_logit_bias
 from .scheduler import InvalidRequestError
 
 __all__ = ["APIError", "bad_request", "from_invalid", "parse_json_body", "sampling_args", "completion_prompt",
@@ -34,7 +35,8 @@ MAX_JSON_DEPTH = 64  # nesting levels a request body may use (real requests use 
 INT_RANGES = {"max_tokens": (1, INT32_MAX), "max_completion_tokens": (1, INT32_MAX), "top_k": (0, INT32_MAX),
               "repeat_last_n": (0, INT32_MAX), "seed": (0, UINT64_MAX)}
 FLOAT_RANGES = {"temperature": (0.0, 100.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False),
-                "repeat_penalty": (0.0, 100.0, True)}
+                "repeat_penalty": (0.0, 100.0, True), "frequency_penalty": (-2.0, 2.0, False),
+                "presence_penalty": (-2.0, 2.0, False)}
 
 
 class APIError(Exception):
@@ -176,7 +178,8 @@ def sampling_args(body: dict, chat: bool) -> dict:
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
         raise bad_request("'stop' must contain only strings", "stop", "invalid_type")
     out = {"max_tokens": max_tokens, "stop": stop}
-    numbers = {"temperature": defaults["temperature"], "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+    numbers = {"temperature": defaults["temperature"], "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
+               "frequency_penalty": 0.0, "presence_penalty": 0.0}
     for name, default in numbers.items():
         v = _float_field(body, name)
         out[name] = default if v is None else v
@@ -185,16 +188,13 @@ def sampling_args(body: dict, chat: bool) -> dict:
         out[name] = default if v is None else v
     out["ignore_eos"] = bool(_typed(body, "ignore_eos", (bool,), "a boolean"))
     out["seed"] = _int_field(body, "seed")
-    if body.get("logit_bias"):
-        raise bad_request("logit_bias is not supported by this server; omit it", "logit_bias", "unsupported_value")
+    # ids are checked against the model's vocabulary when the scheduler admits the request
+    out["logit_bias"] = normalize_logit_bias(body.get("logit_bias"), None,
+                                             error=lambda m, name: bad_request(m, name, "invalid_value"))
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type", "text") == "text"):
         raise bad_request("only response_format {\"type\": \"text\"} is supported (no JSON mode or schemas)",
                           "response_format", "unsupported_value")
-    for name in ("frequency_penalty", "presence_penalty"):
-        v = _typed(body, name, (int, float), "a number")
-        if v:
-            raise bad_request(f"{name} is not supported; use repeat_penalty (1 = off)", name, "unsupported_value")
     return out
 
 
