@@ -242,6 +242,71 @@ def test_token_ids_and_perf_report(tiny, llm, capfd):
             m.close()
 
 
+@engine
+def test_logits_processor_and_stopping_criteria(llm):
+    prompt = llm.tokenize(b"Hello world", add_bos=False)
+    greedy = llm("Hello world", max_tokens=12, temperature=0, logprobs=0)
+    banned = llm.tokenize(greedy["choices"][0]["logprobs"]["tokens"][0].encode(), add_bos=False)[-1]
+    seen = []
+
+    def ban(input_ids, scores):
+        seen.append(len(input_ids))
+        scores[banned] = -np.inf
+        return scores
+
+    a = llm("Hello world", max_tokens=12, temperature=0, logits_processor=ban)["choices"][0]["text"]
+    b = llm("Hello world", max_tokens=12, temperature=0, logit_bias={banned: -100})["choices"][0]["text"]
+    assert a == b != greedy["choices"][0]["text"]
+    assert seen[0] == len(prompt) and seen[:3] == [len(prompt), len(prompt) + 1, len(prompt) + 2]
+    r = llm.create_chat_completion(MSGS, max_tokens=6, temperature=0, logits_processor=[ban])
+    assert r["choices"][0]["message"]["content"] == llm.create_chat_completion(
+        MSGS, max_tokens=6, temperature=0, logit_bias={banned: -100})["choices"][0]["message"]["content"]
+
+    def after_three(input_ids, scores):
+        return len(input_ids) >= len(prompt) + 3
+
+    r = llm("Hello world", max_tokens=12, temperature=0, stopping_criteria=after_three)
+    assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 3
+    gen = llm.generate(prompt, temp=0, stopping_criteria=[after_three])
+    assert len(list(gen)) == 3
+    with pytest.raises(ValueError, match="logits_processor must be a callable"):
+        llm("Hi", logits_processor=5)
+    with pytest.raises(ValueError, match="must return the"):
+        llm("Hi", max_tokens=2, logits_processor=lambda ids, scores: scores[:5])
+
+
+@engine
+def test_sample_and_set_seed(tiny, llm):
+    from bonsai_runner import Llama
+
+    toks = llm.tokenize(b"Hello world", add_bos=False)
+    llm.reset()
+    llm.eval(toks)
+    first = llm(toks, max_tokens=1, temperature=0, logprobs=0)["choices"][0]["logprobs"]["tokens"][0]
+    llm.reset()
+    llm.eval(toks)
+    t = llm.sample(temp=0)
+    assert llm.detokenize([t]).decode(errors="replace") == first
+    assert llm.sample(temp=0, logit_bias={t: -100}) != t
+    with pytest.raises(ValueError, match="logits_all=True"):
+        llm.sample(idx=0)
+
+    def draws(seed):
+        m = Llama(tiny, n_ctx=64, verbose=False, seed=seed, logits_all=True)
+        try:
+            m.eval(toks)
+            out = [m.sample(temp=1.5, top_k=0, top_p=1.0, min_p=0.0) for _ in range(12)]
+            out.append(m.sample(temp=0, idx=0))
+            m.set_seed(seed)
+            assert [m.sample(temp=1.5, top_k=0, top_p=1.0, min_p=0.0) for _ in range(12)] == out[:12]
+            return out
+        finally:
+            m.close()
+
+    a, b = draws(7), draws(7)
+    assert a == b and len(set(a[:12])) > 1 and a != draws(8)
+
+
 # ---- save_state / load_state ----------------------------------------------------------------
 
 def _continue(llm, n):

@@ -36,6 +36,7 @@ bad values are one BonsaiError naming the parameter and its range.
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import sys
@@ -51,7 +52,7 @@ from .chat_template import ChatTemplate
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .errors import BonsaiError, check_model_file
 from .llama_compat import (INIT_KEYWORDS, SAMPLING_KEYWORDS, LlamaState, cache_type_name, check_compat_keywords,
-                           hub_download, model_identity, reject_unknown_keywords)
+                           check_rope, hub_download, model_identity, reject_unknown_keywords)
 from .sampling_params import check_penalty, normalize_logit_bias
 from .text_stream import TextStream, normalize_stop
 from .use_guard import DEFAULT_STREAM_WAIT_S, GuardedStream, UseGuard
@@ -96,8 +97,8 @@ class Llama:
         self._model = None
         self._ctx = None
         self._guard = UseGuard(check_float("stream_wait_s", stream_wait_s, 0.0, 1e9))
-        reject_unknown_keywords([k for k in kwargs if k not in INIT_KEYWORDS], self._INIT_NAMES + list(INIT_KEYWORDS),
-                                "Llama")
+        reject_unknown_keywords([k for k in kwargs if k not in INIT_KEYWORDS],
+                                _parameter_names(Llama.__init__) + list(INIT_KEYWORDS), "Llama")
         check_compat_keywords(INIT_KEYWORDS, kwargs, "Llama")
         if _core is None or not hasattr(_core, "Model"):
             raise BonsaiError("the native engine (bonsai_runner._core) is not built: "
@@ -142,10 +143,11 @@ class Llama:
         self.verbose = bool(verbose)
         self._logits_all = bool(logits_all)
         self._seed = seed
+        self._sample_seeds = random.Random(None if seed == LLAMA_DEFAULT_SEED else seed)  # for sample()
         self._model = _core.Model(path, use_mmap=bool(use_mmap), n_gpu_layers=n_gpu_layers,
                                   tokenizer=None if tokenizer is None else os.fspath(tokenizer), verbose=self.verbose)
         try:
-            self._check_rope(rope_freq_base, rope_freq_scale)
+            check_rope(self._model, rope_freq_base, rope_freq_scale)
         except BaseException:
             self.close()
             raise
@@ -187,32 +189,6 @@ class Llama:
             self._chat = ChatTemplate.from_metadata(self.metadata, bos_token=self._token_text(bos), eos_token=eos_text)
             self._chat_stops = []
         self._model_id = model_identity(path, self.metadata)
-
-    # Our own constructor keywords (the llama-cpp-python ones we do not honour are INIT_KEYWORDS).
-    _INIT_NAMES = ["model_path", "n_gpu_layers", "use_mmap", "seed", "n_ctx", "n_batch", "n_threads",
-                   "n_threads_batch", "pooling_type", "rope_freq_base", "rope_freq_scale", "logits_all",
-                   "embedding", "flash_attn", "no_perf", "last_n_tokens_size", "chat_format", "tokenizer",
-                   "type_k", "type_v", "spm_infill", "verbose", "cuda_graph", "chat_template", "act_mode",
-                   "stream_wait_s"]
-
-    def _check_rope(self, freq_base: Any, freq_scale: Any) -> None:
-        """rope_freq_base / rope_freq_scale: 0 takes the model's; the model's own value is accepted;
-        any other would change the results and cannot be applied, so it is refused."""
-        base = check_float("rope_freq_base", freq_base, 0.0, FLT_MAX)
-        scale = check_float("rope_freq_scale", freq_scale, 0.0, FLT_MAX)
-        if base == 0.0 and scale == 0.0:
-            return
-        hp = self._model.hparams
-        if base != 0.0 and not np.isclose(base, hp["rope_theta"], rtol=1e-6):
-            raise BonsaiError(f"rope_freq_base={freq_base} is not supported: bonsai uses the model's rope base "
-                              f"({hp['rope_theta']}); leave rope_freq_base at 0")
-        meta = self._model.metadata
-        factor = meta.get(f"{hp['arch']}.rope.scaling.factor")
-        model_scale = 1.0 / float(factor) if meta.get(f"{hp['arch']}.rope.scaling.type") == "linear" \
-            and factor else 1.0
-        if scale != 0.0 and not np.isclose(scale, model_scale, rtol=1e-6):
-            raise BonsaiError(f"rope_freq_scale={freq_scale} is not supported: bonsai uses the model's rope "
-                              f"scaling ({model_scale}); leave rope_freq_scale at 0")
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -443,35 +419,31 @@ class Llama:
         repeat_last_n defaults to the constructor's last_n_tokens_size."""
         self._check_call_keywords("generate", kwargs, typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                                   mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
-                                  logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                                   grammar=grammar)
+        processor = _callables("logits_processor", logits_processor)
+        stopper = _callables("stopping_criteria", stopping_criteria)
         with self._guard.call():
             self._live()
             tokens = self._check_tokens(tokens)
             args = self._sampler_args(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                                       frequency_penalty, presence_penalty, logit_bias)
             sampler = self._make_sampler(args)
-        return GuardedStream(self._guard, lambda: self._generate(tokens, sampler, args["repeat_last_n"], reset))
+        return GuardedStream(self._guard, lambda: self._generate(tokens, sampler, args["repeat_last_n"], reset,
+                                                                 processor, stopper))
 
     def _check_call_keywords(self, where: str, unknown: dict, **compat) -> None:
         """Unknown keywords of a call are a TypeError with a suggestion; llama-cpp-python's sampling
         keywords we do not implement follow SAMPLING_KEYWORDS' policy."""
-        known = list(self._CALL_NAMES.get(where, ())) + list(SAMPLING_KEYWORDS)
+        known = _parameter_names(getattr(Llama, where)) + list(SAMPLING_KEYWORDS)
         reject_unknown_keywords(unknown, known, where)
         check_compat_keywords(SAMPLING_KEYWORDS, compat, where, stacklevel=4)
 
-    _COMMON_NAMES = ("temperature", "top_p", "min_p", "top_k", "repeat_penalty", "frequency_penalty",
-                     "presence_penalty", "logit_bias", "seed", "stop", "stream", "max_tokens", "model",
-                     "logprobs", "repeat_last_n")
-    _CALL_NAMES = {
-        "generate": ("tokens", "top_k", "top_p", "min_p", "temp", "repeat_penalty", "reset", "frequency_penalty",
-                     "presence_penalty", "seed", "repeat_last_n", "logit_bias"),
-        "create_completion": ("prompt", "suffix", "echo") + _COMMON_NAMES,
-        "create_chat_completion": ("messages", "tools", "top_logprobs", "chat_template_kwargs") + _COMMON_NAMES,
-    }
-
-    def _generate(self, tokens: list[int], sampler, repeat_last_n: int, reset: bool) -> Iterator[int]:
-        """`generate` without the guard (the caller holds it); arguments already checked."""
+    def _generate(self, tokens: list[int], sampler, repeat_last_n: int, reset: bool,
+                  processor=None, stopper=None) -> Iterator[int]:
+        """`generate` without the guard (the caller holds it); arguments already checked.
+        `processor` (logits_processor) rewrites each logits row before the sampler sees it; the
+        iterator ends, before yielding the token just sampled, when `stopper` (stopping_criteria)
+        says so, as llama-cpp-python's generate does; it is endless otherwise."""
         self._generation += 1
         mine = self._generation
         if reset:
@@ -482,13 +454,72 @@ class Llama:
                 sampler.accept(int(t))
         self._eval(tokens)
         while True:
-            token = int(sampler.sample(self._last_logits))
+            token = int(sampler.sample(self._processed(processor, self._last_logits, self._input_ids)))
+            if stopper is not None and self._stops(stopper):
+                return
             sampler.accept(token)
             yield token
             if self._generation != mine:
                 raise BonsaiError("this generation was interrupted: another call used the same Llama "
                                   "while it was suspended; finish or close a stream before the next call")
             self._eval([token])
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor=None, grammar=None,
+               idx: Optional[int] = None, *, logit_bias: Optional[dict] = None, **kwargs) -> int:
+        """One token sampled from the logits of evaluated position `idx` (None: the newest; others
+        need logits_all=True), with the penalties over the last last_n_tokens_size tokens before it,
+        as llama-cpp-python's sample(). Successive calls draw from the constructor's seed stream."""
+        self._check_call_keywords("sample", kwargs, typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                                  mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
+                                  grammar=grammar)
+        processor = _callables("logits_processor", logits_processor)
+        with self._guard.call():
+            self._live()
+            if self.n_tokens == 0:
+                raise BonsaiError("sample: nothing has been evaluated yet; eval() some tokens first")
+            pos = self.n_tokens - 1 if idx is None else check_int("idx", idx, 0, self.n_tokens - 1)
+            if pos != self.n_tokens - 1 and not self._logits_all:
+                raise BonsaiError(f"sample(idx={idx}) needs the logits of an earlier position: create the Llama "
+                                  "with logits_all=True")
+            args = self._sampler_args(temp, top_k, top_p, min_p, repeat_penalty, None, None, frequency_penalty,
+                                      presence_penalty, logit_bias)
+            args["seed"] = self._sample_seeds.randrange(0, 0xFFFFFFFF)
+            sampler = self._make_sampler(args)
+            n = args["repeat_last_n"]
+            history = self.input_ids[: pos + 1].tolist()
+            for t in (history if n < 0 else history[len(history) - n:] if n > 0 else []):
+                sampler.accept(int(t))
+            row = self._last_logits if pos == self.n_tokens - 1 else self.scores[pos]
+            return int(sampler.sample(self._processed(processor, row, self.input_ids[: pos + 1])))
+
+    def set_seed(self, seed: int) -> None:
+        """The seed of later calls that pass none (as llama-cpp-python's set_seed)."""
+        seed = check_int("seed", seed, -1, UINT64_MAX)
+        self._seed = LLAMA_DEFAULT_SEED if seed < 0 else seed
+        self._sample_seeds = random.Random(None if self._seed == LLAMA_DEFAULT_SEED else self._seed)
+
+    def pooling_type(self) -> int:
+        """The pooling_type given to the constructor (-1: the model's)."""
+        return self._pooling_type
+
+    def _processed(self, processor, row: np.ndarray, input_ids: np.ndarray) -> np.ndarray:
+        """`row` through llama-cpp-python's logits_processor(input_ids, scores) if given."""
+        if processor is None:
+            return row
+        out = row.copy()
+        for f in processor:
+            out = np.asarray(f(input_ids, out), dtype=np.single)
+            if out.shape != (self._n_vocab,):
+                raise BonsaiError(f"logits_processor returned an array of shape {out.shape}; it must return "
+                                  f"the {self._n_vocab} logits it was given, modified")
+        return out
+
+    def _stops(self, stopper) -> bool:
+        """Whether llama-cpp-python's stopping_criteria(input_ids, scores) ends the generation."""
+        return any(bool(f(self._input_ids, self._last_logits)) for f in stopper)
 
     def _sampler_args(self, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                       frequency_penalty=0.0, presence_penalty=0.0, logit_bias=None) -> dict:
@@ -567,21 +598,23 @@ class Llama:
         """
         self._check_call_keywords("create_completion", kwargs, typical_p=typical_p, tfs_z=tfs_z,
                                   mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                                  mirostat_eta=mirostat_eta, stopping_criteria=stopping_criteria,
-                                  logits_processor=logits_processor, grammar=grammar)
+                                  mirostat_eta=mirostat_eta, grammar=grammar)
         with self._guard.call():
             run = self._completion_run(prompt, suffix, max_tokens, stop, echo, logprobs, model,
                                        (temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-                                        frequency_penalty, presence_penalty, logit_bias))
+                                        frequency_penalty, presence_penalty, logit_bias),
+                                       logits_processor, stopping_criteria)
             if not stream:
                 return run.response()
         return GuardedStream(self._guard, run.chunks)
 
     def _completion_run(self, prompt, suffix, max_tokens, stop, echo, logprobs, model,
-                        sampling: tuple) -> "_CompletionRun":
+                        sampling: tuple, logits_processor=None, stopping_criteria=None) -> "_CompletionRun":
         """The checked arguments of one completion (the caller holds the guard); `sampling` is
         _sampler_args' arguments."""
         self._live()
+        processor = _callables("logits_processor", logits_processor)
+        stopper = _callables("stopping_criteria", stopping_criteria)
         if suffix is not None and not isinstance(suffix, str):
             raise BonsaiError(f"suffix must be a string, not {type(suffix).__name__}")
         prompt_tokens, suffix_placed = self._prompt_tokens(prompt, suffix)
@@ -603,7 +636,8 @@ class Llama:
         append = None if suffix_placed else suffix
         return _CompletionRun(self, prompt_tokens, prompt_text, max_tokens, stops, sampler_args,
                               echo=bool(echo), logprobs=logprobs, suffix=append,
-                              model=model if model is not None else self.model_path)
+                              model=model if model is not None else self.model_path,
+                              processor=processor, stopper=stopper)
 
     def __call__(self, prompt: Union[str, list[int]], *args, **kwargs):
         return self.create_completion(prompt, *args, **kwargs)
@@ -625,8 +659,7 @@ class Llama:
         self._check_call_keywords("create_chat_completion", kwargs, functions=functions,
                                   function_call=function_call, tool_choice=tool_choice, typical_p=typical_p,
                                   response_format=response_format, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                                  mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-                                  logits_processor=logits_processor, grammar=grammar)
+                                  mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, grammar=grammar)
         if chat_template_kwargs is None:
             chat_template_kwargs = {}
         if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
@@ -654,7 +687,7 @@ class Llama:
             run = self._completion_run(tokens, None, max_tokens, stops, False,
                                        (top_logprobs or 0) if logprobs else None, model,
                                        (temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-                                        frequency_penalty, presence_penalty, logit_bias))
+                                        frequency_penalty, presence_penalty, logit_bias), logits_processor)
             if not stream:
                 return fmt.chat_response(run.response())
         return GuardedStream(self._guard, lambda: fmt.chat_chunks(run.chunks()))
@@ -666,13 +699,33 @@ class Llama:
                   f"{n_gen} generated in {t_gen:.3f} s ({rate:.1f} tokens/s)", file=sys.stderr)
 
 
+def _parameter_names(method) -> list[str]:
+    """The keyword names a method takes (its **kwargs catches only misspellings)."""
+    return [n for n, p in inspect.signature(method).parameters.items()
+            if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def _callables(name: str, value: Any) -> Optional[list]:
+    """llama-cpp-python's logits_processor / stopping_criteria: a callable (its LogitsProcessorList /
+    StoppingCriteriaList are) or a list of callables, as a list; None when absent."""
+    if value is None:
+        return None
+    fs = list(value) if isinstance(value, (list, tuple)) and not callable(value) else [value]
+    if not all(callable(f) for f in fs):
+        raise BonsaiError(f"{name} must be a callable f(input_ids, scores) or a list of them, "
+                          f"not {type(value).__name__}")
+    return fs
+
+
 class _CompletionRun:
     """One completion: drives `Llama.generate`, assembles text through a `TextStream` and formats
     the result as a response or as stream chunks."""
 
     def __init__(self, llama: Llama, prompt_tokens, prompt_text, max_tokens, stops, sampler_args, *,
-                 echo, logprobs, suffix, model):
+                 echo, logprobs, suffix, model, processor=None, stopper=None):
         self.llama = llama
+        self.processor = processor
+        self.stopper = stopper
         self.prompt_tokens = prompt_tokens
         self.prompt_text = prompt_text
         self.max_tokens = max_tokens
@@ -695,13 +748,14 @@ class _CompletionRun:
         t0 = time.perf_counter()
         t_prompt = 0.0
         args = self.sampler_args
-        gen = llama._generate(self.prompt_tokens, llama._make_sampler(args), args["repeat_last_n"], True)
+        gen = llama._generate(self.prompt_tokens, llama._make_sampler(args), args["repeat_last_n"], True,
+                              self.processor, self.stopper)
         try:
             while len(self.tokens) < self.max_tokens:
-                token = next(gen)
+                token = next(gen, None)
                 if not self.tokens:
                     t_prompt = time.perf_counter() - t0
-                if token in llama._eog:
+                if token is None or token in llama._eog:  # None: stopping_criteria ended it
                     self.finish_reason = "stop"
                     break
                 self.tokens.append(token)

@@ -25,10 +25,11 @@ from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
+from .engine_limits import check_float
 from .errors import BonsaiError
 
 __all__ = ["INIT_KEYWORDS", "SAMPLING_KEYWORDS", "LlamaState", "cache_type_name", "check_compat_keywords",
-           "reject_unknown_keywords", "hub_download"]
+           "check_rope", "reject_unknown_keywords", "hub_download", "model_identity"]
 
 # name -> (llama-cpp-python's default, policy for another value, why)
 INIT_KEYWORDS: dict[str, tuple[Any, str, str]] = {
@@ -68,8 +69,6 @@ SAMPLING_KEYWORDS: dict[str, tuple[Any, str, str]] = {
     "mirostat_eta": (0.1, "warn", "it is used only by mirostat, which is off"),
     "penalize_nl": (True, "refuse", "the penalties always apply to the newline token too"),
     "grammar": (None, "refuse", "grammar-constrained sampling is not implemented in Llama"),
-    "logits_processor": (None, "refuse", "Python logits processors are not supported"),
-    "stopping_criteria": (None, "refuse", "Python stopping criteria are not supported; use stop="),
     "functions": (None, "refuse", "legacy function calling is not supported; use tools="),
     "function_call": (None, "refuse", "legacy function calling is not supported; use tools="),
     "response_format": (None, "refuse", "JSON mode / schemas are not supported in Llama"),
@@ -77,6 +76,8 @@ SAMPLING_KEYWORDS: dict[str, tuple[Any, str, str]] = {
 }
 
 _DEFAULT_SAME = {"tool_choice": ("auto",), "response_format": ({"type": "text"},), "kv_overrides": ({},)}
+
+_FLT_MAX = float(np.finfo(np.float32).max)
 
 # llama.cpp's GGML_TYPE ids of the KV cache types bonsai stores.
 _GGML_CACHE_TYPES = {1: "f16", 8: "q8_0"}
@@ -113,6 +114,25 @@ def reject_unknown_keywords(given: Iterable[str], known: Iterable[str], where: s
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise TypeError(f"{where}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def check_rope(model, freq_base: Any, freq_scale: Any) -> None:
+    """rope_freq_base / rope_freq_scale of `model` (a _core.Model): 0 takes the model's, the model's
+    own value is accepted; any other would change the results and cannot be applied: refused."""
+    base = check_float("rope_freq_base", freq_base, 0.0, _FLT_MAX)
+    scale = check_float("rope_freq_scale", freq_scale, 0.0, _FLT_MAX)
+    if base == 0.0 and scale == 0.0:
+        return
+    hp, meta = model.hparams, model.metadata
+    if base != 0.0 and not np.isclose(base, hp["rope_theta"], rtol=1e-6):
+        raise BonsaiError(f"rope_freq_base={freq_base} is not supported: bonsai uses the model's rope base "
+                          f"({hp['rope_theta']}); leave rope_freq_base at 0")
+    factor = meta.get(f"{hp['arch']}.rope.scaling.factor")
+    linear = meta.get(f"{hp['arch']}.rope.scaling.type") == "linear" and factor
+    model_scale = 1.0 / float(factor) if linear else 1.0
+    if scale != 0.0 and not np.isclose(scale, model_scale, rtol=1e-6):
+        raise BonsaiError(f"rope_freq_scale={freq_scale} is not supported: bonsai uses the model's rope "
+                          f"scaling ({model_scale}); leave rope_freq_scale at 0")
 
 
 def cache_type_name(name: str, value: Any) -> str:
