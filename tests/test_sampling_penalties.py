@@ -6,7 +6,7 @@
   positive bias forces a token, zero penalties leave greedy output unchanged, and every greedy token
   of a penalized run is the argmax of the reference-adjusted logits of its position;
 - the server (/v1/completions and /v1/chat/completions): the same fields, and their 400s;
-- bonsai_run's --logit-bias / --frequency-penalty / --presence-penalty.
+- bonsai_run's --logit-bias / --frequency-penalty / --presence-penalty, single and --parallel.
 """
 
 from __future__ import annotations
@@ -244,3 +244,19 @@ def test_bonsai_run_flags(tiny, llm):
     assert bad.returncode != 0 and b"outside the vocabulary" in bad.stderr
     bad = _bonsai_run(*common, "--logit-bias", "12")
     assert bad.returncode != 0 and b"TOKEN_ID(+|-)BIAS" in bad.stderr
+
+
+@engine
+def test_bonsai_run_parallel_flags(tiny, llm, tmp_path):
+    from test_bonsai_run_parallel import _outputs, _prompt_file
+
+    target = llm.tokenize(b" world", add_bos=False)[-1]
+    prompts = ["Hello world", "def add(a, b):", "The answer is"]
+    f = _prompt_file(tmp_path, prompts)
+    p = _bonsai_run("-m", tiny, "-f", f, "--parallel", "2", "-n", "6", "--temp", "0.9", "-t", "1", "-c", "64",
+                    "-l", f"{target}+100")
+    assert p.returncode == 0, p.stderr
+    out = _outputs(p.stdout)
+    assert sorted(out) == [0, 1, 2]
+    for i in range(len(prompts)):
+        assert out[i].endswith(llm.detokenize([target] * 6)), (i, out[i])
