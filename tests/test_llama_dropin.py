@@ -420,7 +420,8 @@ def test_save_and_load_state_qwen35(qwen35_gguf):
 
 @engine
 def test_from_pretrained_offline_cache(tiny, llm, tmp_path, monkeypatch):
-    hub = pytest.importorskip("huggingface_hub")
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants
     from bonsai_runner import Llama
 
     cache = tmp_path / "hub"
@@ -432,7 +433,7 @@ def test_from_pretrained_offline_cache(tiny, llm, tmp_path, monkeypatch):
     (cache / "models--someone--tiny-bonsai" / "refs").mkdir()
     (cache / "models--someone--tiny-bonsai" / "refs" / "main").write_text(rev)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # read at import; the env var is for subprocesses
 
     for filename in ("tiny-q8_0.gguf", "*q8_0.gguf"):
         m = Llama.from_pretrained("someone/tiny-bonsai", filename, cache_dir=str(cache), n_ctx=256, verbose=False)
@@ -449,6 +450,21 @@ def test_from_pretrained_offline_cache(tiny, llm, tmp_path, monkeypatch):
         Llama.from_pretrained("someone/absent", "*.gguf", cache_dir=str(cache))
     with pytest.raises(ValueError, match="could not get 'missing.gguf'"):
         Llama.from_pretrained("someone/tiny-bonsai", "missing.gguf", cache_dir=str(cache))
+    with pytest.raises(ValueError, match="additional_files"):
+        Llama.from_pretrained("someone/tiny-bonsai", "*.gguf", cache_dir=str(cache), additional_files=["b.gguf"])
+    with pytest.raises(TypeError, match="did you mean 'n_ctx'"):  # the other keywords go to Llama()
+        Llama.from_pretrained("someone/tiny-bonsai", "*.gguf", cache_dir=str(cache), n_ctxx=64)
+    local = tmp_path / "local"  # offline, local_dir must already hold the file
+    with pytest.raises(ValueError, match="could not get 'tiny-q8_0.gguf'"):
+        Llama.from_pretrained("someone/tiny-bonsai", "*.gguf", local_dir=str(local), cache_dir=str(cache))
+    local.mkdir(exist_ok=True)  # huggingface_hub may have created it
+    shutil.copy(tiny, local / "tiny-q8_0.gguf")
+    m = Llama.from_pretrained("someone/tiny-bonsai", "*.gguf", local_dir=str(local), cache_dir=str(cache),
+                              n_ctx=64, verbose=False)
+    try:
+        assert os.path.samefile(m.model_path, local / "tiny-q8_0.gguf")
+    finally:
+        m.close()
 
 
 def test_from_pretrained_without_huggingface_hub(monkeypatch):

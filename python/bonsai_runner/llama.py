@@ -290,12 +290,21 @@ class Llama:
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: Optional[str], local_dir: Optional[str] = None,
-                        cache_dir: Optional[str] = None, *, revision: Optional[str] = None, **kwargs) -> "Llama":
+                        cache_dir: Optional[str] = None, *, revision: Optional[str] = None,
+                        additional_files: Optional[list] = None, local_dir_use_symlinks: Any = "auto",
+                        **kwargs) -> "Llama":
         """Downloads `filename` (a name or a glob pattern matching one file, e.g. "*q4_0.gguf") of the
         Hugging Face repository `repo_id` through huggingface_hub (cached; HF_HUB_OFFLINE=1 uses the
-        cache only) and loads it with the other keywords."""
+        cache only) and loads it with the other keywords. llama-cpp-python's additional_files (the
+        other parts of a split GGUF) are refused: the engine reads single-file models only."""
         if filename is None:
             raise BonsaiError("from_pretrained needs filename=: the GGUF file (or a glob pattern) in the repository")
+        if additional_files:
+            raise BonsaiError("from_pretrained: additional_files (split GGUF parts) is not supported: the engine "
+                              "reads single-file models; merge the parts with llama-gguf-split --merge")
+        if local_dir_use_symlinks != "auto":
+            warnings.warn(f"from_pretrained: local_dir_use_symlinks={local_dir_use_symlinks!r} has no effect here: "
+                          "huggingface_hub decides how local_dir is filled", UserWarning, stacklevel=2)
         return cls(hub_download(repo_id, filename, local_dir=local_dir, cache_dir=cache_dir, revision=revision),
                    **kwargs)
 

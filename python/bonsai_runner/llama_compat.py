@@ -191,6 +191,7 @@ def hub_download(repo_id: str, filename: str, *, local_dir: Optional[str], cache
     downloaded if needed (or found in the cache with HF_HUB_OFFLINE=1)."""
     try:
         import huggingface_hub
+        from huggingface_hub import constants as hub_constants
     except ImportError:
         raise ImportError("Llama.from_pretrained needs the huggingface_hub package: "
                           "pip install huggingface_hub") from None
@@ -200,7 +201,7 @@ def hub_download(repo_id: str, filename: str, *, local_dir: Optional[str], cache
         raise BonsaiError(f"filename must be a file name or glob pattern in the repository, not {filename!r}")
     name = filename
     if any(c in filename for c in "*?["):
-        files = _repo_files(huggingface_hub, repo_id, cache_dir, revision)
+        files = _repo_files(huggingface_hub, hub_constants, repo_id, cache_dir, revision)
         matches = sorted(f for f in files
                          if fnmatch.fnmatch(f, filename) or fnmatch.fnmatch(os.path.basename(f), filename))
         if not matches:
@@ -216,10 +217,10 @@ def hub_download(repo_id: str, filename: str, *, local_dir: Optional[str], cache
         raise BonsaiError(f"could not get {name!r} from {repo_id}: {type(e).__name__}: {e}") from None
 
 
-def _repo_files(hub, repo_id: str, cache_dir: Optional[str], revision: Optional[str]) -> list[str]:
+def _repo_files(hub, constants, repo_id: str, cache_dir: Optional[str], revision: Optional[str]) -> list[str]:
     """The repository's file names: from the hub, or with HF_HUB_OFFLINE=1 from the local cache."""
-    if hub.constants.HF_HUB_OFFLINE:
-        root = os.path.join(cache_dir or hub.constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
+    if constants.HF_HUB_OFFLINE:
+        root = os.path.join(cache_dir or constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
         ref = os.path.join(root, "refs", revision or "main")
         rev = revision or "main"
         if os.path.isfile(ref):
