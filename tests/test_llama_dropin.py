@@ -157,6 +157,26 @@ def test_unimplemented_sampling_keywords(llm):
 
 
 @engine
+def test_spm_infill_puts_the_suffix_first(tiny):
+    from bonsai_runner import Llama
+
+    fim = {"tokenizer.ggml.fim_pre_token_id": 10, "tokenizer.ggml.fim_suf_token_id": 11,
+           "tokenizer.ggml.fim_mid_token_id": 12}
+    for spm, order in ((False, "psm"), (True, "spm")):
+        m = Llama(tiny, n_ctx=64, verbose=False, spm_infill=spm)
+        try:
+            m.metadata = {**m.metadata, **fim}
+            pre, suf = m.tokenize(b"def add(a, b):", add_bos=False), m.tokenize(b" return a + b", add_bos=False)
+            toks, placed = m._prompt_tokens("def add(a, b):", " return a + b")
+            want = [10] + pre + [11] + suf + [12] if order == "psm" else [11] + suf + [10] + pre + [12]
+            assert placed and toks == want
+            assert m("def add(a, b):", suffix=" return a + b", max_tokens=2, temperature=0)["usage"][
+                "prompt_tokens"] == len(want)
+        finally:
+            m.close()
+
+
+@engine
 def test_chat_template_kwargs(tiny):
     from bonsai_runner import Llama
 
