@@ -124,13 +124,23 @@ class Context:
 
 class Sampler:
     def __init__(self, temp=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0,
-                 repeat_last_n=64, seed=0):
+                 repeat_last_n=64, seed=0, frequency_penalty=0.0, presence_penalty=0.0, logit_bias=None):
         self.temp = temp
         self.rng = np.random.default_rng(seed)
         self.accepted: list[int] = []
+        self.repeat_last_n = repeat_last_n
+        self.frequency_penalty = frequency_penalty
+        self.presence_penalty = presence_penalty
+        self.logit_bias = dict(logit_bias or {})
 
     def sample(self, row):
-        row = np.asarray(row, dtype=np.float64)
+        row = np.asarray(row, dtype=np.float64).copy()
+        for t, b in self.logit_bias.items():
+            row[t] = -np.inf if b <= -100 else row[t] + b
+        window = self.accepted if self.repeat_last_n < 0 else self.accepted[len(self.accepted) - self.repeat_last_n:]
+        if self.repeat_last_n != 0:
+            for t in set(window):
+                row[t] -= window.count(t) * self.frequency_penalty + self.presence_penalty
         if self.temp <= 0:
             return int(np.argmax(row))
         p = np.exp((row - row.max()) / self.temp)

@@ -220,7 +220,7 @@ def test_bad_requests_are_400(server):
     for raw in (b"{not json", b"[1, 2]", b'{"prompt": 5}', b'{"prompt": "x", "max_tokens": "ten"}',
                 b'{"prompt": "x", "stream": "yes"}', b'{"max_tokens": 4}', b'{"prompt": "a\\ud800b"}',
                 b'{"prompt": [1, 99999]}', b'{"prompt": ["a", "b"]}', b'{"prompt": "x", "stop": 3}',
-                b'{"prompt": "x", "logit_bias": {"5": 100}}', b'{"prompt": "x", "logprobs": 21}',
+                b'{"prompt": "x", "logit_bias": {"5": 101}}', b'{"prompt": "x", "logprobs": 21}',
                 b'{"prompt": "x", "response_format": {"type": "json_object"}}',
                 b'{"prompt": "x", "max_tokens": -1}', b'{"prompt": "x", "max_tokens": 0}'):
         status, body = server.post_raw("/v1/completions", raw)

@@ -78,6 +78,22 @@ uint64_t parse_seed(const std::string& flag, const std::string& v) {
     return x;
 }
 
+// -l / --logit-bias: TOKEN_ID followed by +BIAS or -BIAS (llama.cpp's form, e.g. 15043+1, 2-inf).
+std::pair<int32_t, float> parse_logit_bias(const std::string& flag, const std::string& v) {
+    const std::string expected = "TOKEN_ID(+|-)BIAS, e.g. 15043+1.5 or 2-inf (-inf or a bias <= -100 bans the token)";
+    const size_t sign = v.find_first_of("+-", 1);
+    if (v.empty() || sign == std::string::npos) bad_value(flag, v, expected);
+    const std::string id_text = v.substr(0, sign), bias_text = v.substr(sign + 1);
+    const bool digits = !id_text.empty() && std::all_of(id_text.begin(), id_text.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) != 0;
+    });
+    if (!digits || bias_text.empty()) bad_value(flag, v, expected);
+    const int64_t id = parse_int(flag, id_text, 0, 2147483647, expected);
+    if (v[sign] == '-' && bias_text == "inf") return {static_cast<int32_t>(id), -INFINITY};
+    const float bias = parse_float(flag, bias_text, 0, 1e30, false, expected);
+    return {static_cast<int32_t>(id), v[sign] == '-' ? -bias : bias};
+}
+
 GgmlType parse_cache_type(const std::string& flag, const std::string& v) {
     if (v == "f16") return TYPE_F16;
     if (v == "q8_0") return TYPE_Q8_0;
@@ -135,6 +151,15 @@ std::vector<Flag> make_flags(RunOptions& o) {
          "(default 1.0)", f32(o.repeat_penalty, 0, 100, true, "a number in (0, 100] (1 = off)"), nullptr},
         {{"--repeat-last-n"}, "N", "tokens considered by --repeat-penalty; -1 = whole context, 0 = "
          "off (default 64)", i32(o.repeat_last_n, -1, kMaxI32, "an integer >= -1"), nullptr},
+        {{"--frequency-penalty"}, "X", "subtract X times a token's count in the last --repeat-last-n tokens "
+         "from its logit; -2 .. 2, 0 = off (default 0)",
+         f32(o.frequency_penalty, -2, 2, false, "a number from -2 to 2 (0 = off)"), nullptr},
+        {{"--presence-penalty"}, "X", "subtract X from the logit of every token seen in the last "
+         "--repeat-last-n tokens; -2 .. 2, 0 = off (default 0)",
+         f32(o.presence_penalty, -2, 2, false, "a number from -2 to 2 (0 = off)"), nullptr},
+        {{"-l", "--logit-bias"}, "ID(+|-)BIAS", "add BIAS to token ID's logit, e.g. 15043+1 or 15043-inf "
+         "(-inf or <= -100 bans it); repeat the flag for more tokens",
+         [&o](S f, S v) { o.logit_bias.push_back(parse_logit_bias(f, v)); }, nullptr},
         {{"-s", "--seed"}, "N", "random seed, 0 .. 18446744073709551614 (the seed a run prints replays it); "
          "-1 = random (default -1)",
          [&o](S f, S v) { o.seed = parse_seed(f, v); }, nullptr},

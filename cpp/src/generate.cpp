@@ -78,6 +78,9 @@ SamplingParams sampling_from(const RunOptions& o) {
     p.min_p = o.min_p;
     p.repeat_penalty = o.repeat_penalty;
     p.repeat_last_n = o.repeat_last_n;
+    p.frequency_penalty = o.frequency_penalty;
+    p.presence_penalty = o.presence_penalty;
+    p.logit_bias = o.logit_bias;
     p.seed = o.seed;
     validate_sampling_params(p);
     return p;

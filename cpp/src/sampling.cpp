@@ -6,7 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <unordered_set>
+#include <limits>
+#include <unordered_map>
 
 #include "bonsai/error.h"
 
@@ -28,6 +29,19 @@ void validate_sampling_params(const SamplingParams& p) {
     if (p.repeat_last_n < -1) {
         throw Error("repeat_last_n must be >= -1 (-1 = whole history, 0 = off), got " +
                     std::to_string(p.repeat_last_n));
+    }
+    if (!std::isfinite(p.frequency_penalty)) {
+        throw Error("frequency_penalty must be a finite number (0 = off), got " + std::to_string(p.frequency_penalty));
+    }
+    if (!std::isfinite(p.presence_penalty)) {
+        throw Error("presence_penalty must be a finite number (0 = off), got " + std::to_string(p.presence_penalty));
+    }
+    for (const auto& [id, bias] : p.logit_bias) {
+        if (id < 0) throw Error("logit_bias: token id " + std::to_string(id) + " is negative");
+        if (std::isnan(bias) || bias == std::numeric_limits<float>::infinity()) {
+            throw Error("logit_bias for token " + std::to_string(id) + " must be a number or -inf (ban), got " +
+                        std::to_string(bias));
+        }
     }
 }
 
@@ -66,21 +80,42 @@ void Sampler::accept(int32_t token) {
 
 double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
+void Sampler::adjust(float* logits, int64_t n_vocab) const {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    for (const auto& [id, bias] : p_.logit_bias) {
+        if (id >= n_vocab) {
+            throw Error("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary (" +
+                        std::to_string(n_vocab) + " tokens)");
+        }
+        logits[id] = bias <= kBanBias ? kNegInf : logits[id] + bias;
+    }
+    const bool penalize = p_.repeat_penalty != 1.0f || p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f;
+    if (!penalize || history_.empty()) return;
+    std::unordered_map<int32_t, int32_t> count;
+    for (int32_t id : history_) ++count[id];
+    for (const auto& [id, n] : count) {
+        if (id < 0 || id >= n_vocab) continue;
+        float& l = logits[id];
+        if (p_.repeat_penalty != 1.0f) l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+        l -= static_cast<float>(n) * p_.frequency_penalty + p_.presence_penalty;
+    }
+}
+
 int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
     if (n_vocab <= 0) throw Error("sample: empty logits");
-    cand_.resize(n_vocab);
+    adjusted_.resize(n_vocab);
     for (int64_t i = 0; i < n_vocab; ++i) {
         if (std::isnan(logits[i])) throw Error("sample: logit " + std::to_string(i) + " is NaN");
-        cand_[i] = {static_cast<int32_t>(i), logits[i], 0.0f};
     }
-    if (p_.repeat_penalty != 1.0f && !history_.empty()) {
-        std::unordered_set<int32_t> seen(history_.begin(), history_.end());
-        for (int32_t id : seen) {
-            if (id < 0 || id >= n_vocab) continue;
-            float& l = cand_[id].logit;
-            l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
-        }
+    std::copy_n(logits, n_vocab, adjusted_.data());
+    adjust(adjusted_.data(), n_vocab);
+    cand_.resize(n_vocab);
+    bool any = false;
+    for (int64_t i = 0; i < n_vocab; ++i) {
+        cand_[i] = {static_cast<int32_t>(i), adjusted_[i], 0.0f};
+        any = any || adjusted_[i] != -std::numeric_limits<float>::infinity();
     }
+    if (!any) throw Error("sample: every token is banned (all logits are -inf after logit_bias); ban fewer tokens");
     auto by_logit = [](const Candidate& a, const Candidate& b) {
         return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
     };

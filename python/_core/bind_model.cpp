@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "bind.h"
@@ -278,6 +279,18 @@ void bind_model(py::module_& m) {
              "The longest prefix (<= n tokens) of the sequence that seq_rm / seq_cp can keep exactly: n, except for "
              "recurrent (qwen35) models, whose state rewinds only to its checkpoint.")
         .def_property_readonly("recurrent", [](const PyContext& s) { return s.get().recurrent(); })
+        .def("save_seq_state", [](PyContext& s, int seq) {
+                 std::lock_guard<std::mutex> lock(s.busy);
+                 const std::vector<uint8_t> b = s.get().save_seq_state(seq);
+                 return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+             }, py::arg("seq"),
+             "A copy of the sequence's KV rows (and recurrent state) as bytes, for load_seq_state.")
+        .def("load_seq_state", [](PyContext& s, int seq, const py::bytes& state) {
+                 const std::string_view b = state;
+                 std::lock_guard<std::mutex> lock(s.busy);
+                 s.get().load_seq_state(seq, reinterpret_cast<const uint8_t*>(b.data()), b.size());
+             }, py::arg("seq"), py::arg("state"),
+             "Replaces the sequence with a state from save_seq_state of a context of the same model and cache types.")
         .def("clear", [](PyContext& s) { s.get().clear(); })
         .def_property_readonly("n_ctx", [](const PyContext& s) { return s.get().n_ctx(); })
         .def_property_readonly("n_batch", [](const PyContext& s) { return s.get().params().n_batch; })
@@ -307,9 +320,11 @@ void bind_model(py::module_& m) {
             s.ctx.reset();
         });
 
-    py::class_<PySampler>(m, "Sampler", "Greedy / temperature / top-k / top-p / min-p sampling with a seed.")
+    py::class_<PySampler>(m, "Sampler",
+                          "Logit bias, repeat / frequency / presence penalties, then greedy or top-k / top-p / "
+                          "min-p / temperature sampling with a seed.")
         .def(py::init([](float temp, int top_k, float top_p, float min_p, float repeat_penalty, int repeat_last_n,
-                         py::object seed) {
+                         py::object seed, float frequency_penalty, float presence_penalty, py::object logit_bias) {
                  bonsai::SamplingParams p;
                  p.temp = temp;
                  p.top_k = top_k;
@@ -317,21 +332,38 @@ void bind_model(py::module_& m) {
                  p.min_p = min_p;
                  p.repeat_penalty = repeat_penalty;
                  p.repeat_last_n = repeat_last_n;
+                 p.frequency_penalty = frequency_penalty;
+                 p.presence_penalty = presence_penalty;
                  if (!seed.is_none()) {
                      const long long s = seed.cast<long long>();
                      if (s < 0) throw Error("seed must be >= 0 (or None for a random seed)");
                      p.seed = static_cast<uint64_t>(s);
+                 }
+                 if (!logit_bias.is_none()) {
+                     for (const auto& [k, v] : logit_bias.cast<py::dict>()) {
+                         p.logit_bias.emplace_back(k.cast<int32_t>(), v.cast<float>());
+                     }
                  }
                  auto h = std::make_unique<PySampler>();
                  h->sampler = std::make_unique<bonsai::Sampler>(p);
                  return h;
              }),
              py::arg("temp") = 0.8f, py::arg("top_k") = 40, py::arg("top_p") = 0.95f, py::arg("min_p") = 0.05f,
-             py::arg("repeat_penalty") = 1.0f, py::arg("repeat_last_n") = 64, py::arg("seed") = py::none())
+             py::arg("repeat_penalty") = 1.0f, py::arg("repeat_last_n") = 64, py::arg("seed") = py::none(),
+             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f,
+             py::arg("logit_bias") = py::none())
         .def("sample", [](PySampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
                  if (logits.ndim() != 1 || logits.size() == 0) throw Error("sample: logits must be a non-empty 1-D array");
                  return s.sampler->sample(logits.data(), logits.size());
              }, py::arg("logits"))
+        .def("adjust", [](const PySampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
+                 if (logits.ndim() != 1 || logits.size() == 0) throw Error("adjust: logits must be a non-empty 1-D array");
+                 py::array_t<float> out(logits.size());
+                 std::copy_n(logits.data(), logits.size(), out.mutable_data());
+                 s.sampler->adjust(out.mutable_data(), out.size());
+                 return out;
+             }, py::arg("logits"),
+             "The logits after logit_bias and the penalties over the accepted history (what top-k and greedy see).")
         .def("accept", [](PySampler& s, int32_t tok) { s.sampler->accept(tok); }, py::arg("token"))
         .def("reset", [](PySampler& s) { s.sampler->reset(); })
         .def_property_readonly("seed", [](const PySampler& s) { return s.sampler->seed(); });

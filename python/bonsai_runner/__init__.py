@@ -7,8 +7,8 @@ from .errors import BonsaiError  # noqa: E402,F401
 
 def __getattr__(name):
     # `Llama` is imported on first use, so `import bonsai_runner` stays light (no numpy, no jinja2).
-    if name == "Llama":
-        from .llama import Llama
+    if name in ("Llama", "LlamaState"):
+        from . import llama
 
-        return Llama
+        return getattr(llama, name)
     raise AttributeError(f"module 'bonsai_runner' has no attribute {name!r}")

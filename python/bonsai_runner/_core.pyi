@@ -279,8 +279,16 @@ class Context:
         """
         Runs tokens through the model; returns float32 logits [n_out, n_vocab] of the flagged tokens.
         """
+    def load_seq_state(self, seq: typing.SupportsInt | typing.SupportsIndex, state: bytes) -> None:
+        """
+        Replaces the sequence with a state from save_seq_state of a context of the same model and cache types.
+        """
     def memory_report(self) -> dict:
         ...
+    def save_seq_state(self, seq: typing.SupportsInt | typing.SupportsIndex) -> bytes:
+        """
+        A copy of the sequence's KV rows (and recurrent state) as bytes, for load_seq_state.
+        """
     def seq_cp(self, src: typing.SupportsInt | typing.SupportsIndex, dst: typing.SupportsInt | typing.SupportsIndex, p0: typing.SupportsInt | typing.SupportsIndex = -1, p1: typing.SupportsInt | typing.SupportsIndex = -1) -> None:
         ...
     def seq_keep(self, seq: typing.SupportsInt | typing.SupportsIndex) -> None:
@@ -310,12 +318,16 @@ class Context:
         ...
 class Sampler:
     """
-    Greedy / temperature / top-k / top-p / min-p sampling with a seed.
+    Logit bias, repeat / frequency / presence penalties, then greedy or top-k / top-p / min-p / temperature sampling with a seed.
     """
-    def __init__(self, temp: typing.SupportsFloat | typing.SupportsIndex = 0.800000011920929, top_k: typing.SupportsInt | typing.SupportsIndex = 40, top_p: typing.SupportsFloat | typing.SupportsIndex = 0.949999988079071, min_p: typing.SupportsFloat | typing.SupportsIndex = 0.05000000074505806, repeat_penalty: typing.SupportsFloat | typing.SupportsIndex = 1.0, repeat_last_n: typing.SupportsInt | typing.SupportsIndex = 64, seed: typing.Any = None) -> None:
+    def __init__(self, temp: typing.SupportsFloat | typing.SupportsIndex = 0.800000011920929, top_k: typing.SupportsInt | typing.SupportsIndex = 40, top_p: typing.SupportsFloat | typing.SupportsIndex = 0.949999988079071, min_p: typing.SupportsFloat | typing.SupportsIndex = 0.05000000074505806, repeat_penalty: typing.SupportsFloat | typing.SupportsIndex = 1.0, repeat_last_n: typing.SupportsInt | typing.SupportsIndex = 64, seed: typing.Any = None, frequency_penalty: typing.SupportsFloat | typing.SupportsIndex = 0.0, presence_penalty: typing.SupportsFloat | typing.SupportsIndex = 0.0, logit_bias: typing.Any = None) -> None:
         ...
     def accept(self, token: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+    def adjust(self, logits: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
+        """
+        The logits after logit_bias and the penalties over the accepted history (what top-k and greedy see).
+        """
     def reset(self) -> None:
         ...
     def sample(self, logits: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> int:

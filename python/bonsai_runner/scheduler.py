@@ -71,6 +71,7 @@ import numpy as np
 
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .errors import BonsaiError
+from .sampling_params import check_penalty, normalize_logit_bias
 from .text_stream import TextStream, normalize_stop
 from .vocab_facts import common_prefix_len
 
@@ -189,7 +190,8 @@ class GenerationRequest:
     def __init__(self, prompt_tokens: Sequence[int], *, max_tokens: Optional[int] = 16,
                  stop: Any = None, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 seed: Optional[int] = None, ignore_eos: bool = False,
+                 seed: Optional[int] = None, ignore_eos: bool = False, frequency_penalty: float = 0.0,
+                 presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
                  on_event: Optional[Callable[[StreamEvent], None]] = None, fault: Optional[str] = None,
                  logprobs: Optional[int] = None):
         if not isinstance(prompt_tokens, (list, tuple)) or not prompt_tokens:
@@ -207,6 +209,9 @@ class GenerationRequest:
         self.min_p = _float_param("min_p", min_p, 0.0, 1.0)
         self.repeat_penalty = _float_param("repeat_penalty", repeat_penalty, 0.0, 100.0, lo_open=True)
         self.repeat_last_n = _int_param("repeat_last_n", repeat_last_n)
+        self.frequency_penalty = check_penalty("frequency_penalty", frequency_penalty, error=_invalid)
+        self.presence_penalty = check_penalty("presence_penalty", presence_penalty, error=_invalid)
+        self.logit_bias = normalize_logit_bias(logit_bias, None, error=_invalid)  # ids < n_vocab: submit()
         if seed is not None:
             seed = _int_param("seed", seed, 0, UINT64_MAX) & 0xFFFFFFFF
         self.seed = seed if seed is not None else random.SystemRandom().randrange(0, 0xFFFFFFFF)
@@ -359,6 +364,10 @@ class Scheduler:
         bad = next((t for t in req.prompt_tokens if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"invalid token id {bad}: ids must be in [0, {n_vocab})", "prompt")
+        bad = next((t for t in req.logit_bias or () if t >= n_vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"logit_bias key {bad} is not a token id of this model: ids are in "
+                                      f"[0, {n_vocab})", "logit_bias")
         if req.fault is not None and not self.fault_injection:
             raise InvalidRequestError("fault injection is disabled (a debugging option of the scheduler)", "fault")
         with self._cond:
@@ -594,7 +603,9 @@ class Scheduler:
             raise _InjectedFault("injected fault at admission (fault='admit')")
         slot.sampler = self._core.Sampler(temp=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                           min_p=req.min_p, repeat_penalty=req.repeat_penalty,
-                                          repeat_last_n=req.repeat_last_n, seed=req.seed)
+                                          repeat_last_n=req.repeat_last_n, seed=req.seed,
+                                          frequency_penalty=req.frequency_penalty,
+                                          presence_penalty=req.presence_penalty, logit_bias=req.logit_bias)
         if req.repeat_last_n > 0:
             for t in prompt[-req.repeat_last_n:]:
                 slot.sampler.accept(t)

@@ -56,8 +56,13 @@ def _sampling_properties(chat: bool) -> dict:
         "ignore_eos": {"type": "boolean", "nullable": True,
                        "description": "never sample an end-of-generation token"},
         "n": {"type": "integer", "enum": [1], "nullable": True, "description": "one choice per request"},
-        "frequency_penalty": {"type": "number", "enum": [0], "nullable": True, "description": "unsupported"},
-        "presence_penalty": {"type": "number", "enum": [0], "nullable": True, "description": "unsupported"},
+        "frequency_penalty": _float_field("frequency_penalty", "minus X times a token's count in the last "
+                                          "repeat_last_n tokens; 0 = off"),
+        "presence_penalty": _float_field("presence_penalty", "minus X for a token seen in the last repeat_last_n "
+                                         "tokens; 0 = off"),
+        "logit_bias": {"type": "object", "nullable": True,
+                       "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+                       "description": "token id (decimal string) -> bias added to its logit; -100 bans it"},
         "response_format": {"type": "object", "nullable": True,
                             "properties": {"type": {"type": "string", "enum": ["text"]}}},
     }

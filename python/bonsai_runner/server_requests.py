@@ -24,6 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
+from .sampling_params import normalize_logit_bias
 from .scheduler import InvalidRequestError
 
 __all__ = ["APIError", "bad_request", "from_invalid", "parse_json_body", "sampling_args", "completion_prompt",
@@ -34,7 +35,8 @@ __all__ = ["APIError", "bad_request", "from_invalid", "parse_json_body", "sampli
 COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 0.8}
 CHAT_DEFAULTS = {"max_tokens": None, "temperature": 0.2}
 # The defaults of the other sampling fields, both endpoints.
-SAMPLING_DEFAULTS = {"top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0, "top_k": 40, "repeat_last_n": 64}
+SAMPLING_DEFAULTS = {"top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0, "top_k": 40, "repeat_last_n": 64,
+                     "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
 MAX_JSON_DEPTH = 64  # nesting levels a request body may use (real requests use fewer than 10)
 MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's limit for top_logprobs)
@@ -44,7 +46,8 @@ INT_RANGES = {"max_tokens": (1, INT32_MAX), "max_completion_tokens": (1, INT32_M
               "repeat_last_n": (0, INT32_MAX), "seed": (0, UINT64_MAX), "logprobs": (0, MAX_LOGPROBS),
               "top_logprobs": (0, MAX_LOGPROBS)}
 FLOAT_RANGES = {"temperature": (0.0, 100.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False),
-                "repeat_penalty": (0.0, 100.0, True)}
+                "repeat_penalty": (0.0, 100.0, True), "frequency_penalty": (-2.0, 2.0, False),
+                "presence_penalty": (-2.0, 2.0, False)}
 
 
 class APIError(Exception):
@@ -183,7 +186,7 @@ def sampling_args(body: dict, chat: bool) -> dict:
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
         raise bad_request("'stop' must contain only strings", "stop", "invalid_type")
     out = {"max_tokens": max_tokens, "stop": stop}
-    for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+    for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
         v = _float_field(body, name)
         out[name] = (defaults if name == "temperature" else SAMPLING_DEFAULTS)[name] if v is None else v
     for name in ("top_k", "repeat_last_n"):
@@ -192,16 +195,13 @@ def sampling_args(body: dict, chat: bool) -> dict:
     out["ignore_eos"] = bool(_typed(body, "ignore_eos", (bool,), "a boolean"))
     out["seed"] = _int_field(body, "seed")
     out["logprobs"] = _chat_logprobs(body) if chat else _int_field(body, "logprobs")
-    if body.get("logit_bias"):
-        raise bad_request("logit_bias is not supported by this server; omit it", "logit_bias", "unsupported_value")
+    # ids are checked against the model's vocabulary when the scheduler admits the request
+    out["logit_bias"] = normalize_logit_bias(body.get("logit_bias"), None,
+                                             error=lambda m, name: bad_request(m, name, "invalid_value"))
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type", "text") == "text"):
         raise bad_request("only response_format {\"type\": \"text\"} is supported (no JSON mode or schemas)",
                           "response_format", "unsupported_value")
-    for name in ("frequency_penalty", "presence_penalty"):
-        v = _typed(body, name, (int, float), "a number")
-        if v:
-            raise bad_request(f"{name} is not supported; use repeat_penalty (1 = off)", name, "unsupported_value")
     return out
 
 

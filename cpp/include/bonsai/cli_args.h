@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bonsai/sampling.h"
 #include "bonsai/types.h"
@@ -35,6 +37,9 @@ struct RunOptions {
     float min_p = 0.05f;          // 0 = off
     float repeat_penalty = 1.0f;  // 1 = off
     int32_t repeat_last_n = 64;   // -1 = whole context, 0 = off
+    float frequency_penalty = 0.0f;  // 0 = off; over the --repeat-last-n window
+    float presence_penalty = 0.0f;   // 0 = off; over the --repeat-last-n window
+    std::vector<std::pair<int32_t, float>> logit_bias;  // -l ID(+|-)BIAS, repeatable
     uint64_t seed = kRandomSeed;  // -s: 0 .. 2^64-2; kRandomSeed (-s -1) = random
 
     // engine

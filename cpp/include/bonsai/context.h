@@ -100,6 +100,14 @@ public:
     int32_t seq_reusable(int seq, int32_t n) const;
     bool recurrent() const { return rs_ != nullptr; }
 
+    // A copy of sequence seq's state as bytes (context_state.cpp): its KV rows with their positions
+    // and, for recurrent models, its recurrent state and checkpoint, behind a header naming the
+    // model and cache layout. load_seq_state replaces sequence seq with such a copy, so it then
+    // continues exactly as the saved sequence would have; a copy from another model or cache layout,
+    // or one that does not fit, is refused before anything changes. Host-only (no GPU layers).
+    std::vector<uint8_t> save_seq_state(int seq) const;
+    void load_seq_state(int seq, const uint8_t* data, size_t size);
+
     const Model& model() const { return *model_; }
     std::shared_ptr<const Model> model_ptr() const { return model_; }
     const ContextParams& params() const { return params_; }

@@ -69,6 +69,10 @@ public:
         return v_.data() + (static_cast<size_t>(layer - p_.first_layer) * p_.n_cells + cell) * v_row_bytes_;
     }
 
+    // Writable rows, for restoring a saved sequence (Context::load_seq_state).
+    uint8_t* k_row_mut(int64_t layer, int64_t cell) { return const_cast<uint8_t*>(k_row(layer, cell)); }
+    uint8_t* v_row_mut(int64_t layer, int64_t cell) { return const_cast<uint8_t*>(v_row(layer, cell)); }
+
     // Sequence operations; p1 < 0 means "to the end", seq < 0 in seq_rm means every sequence.
     void seq_rm(int seq, int32_t p0, int32_t p1);
     void seq_cp(int src, int dst, int32_t p0, int32_t p1);

@@ -36,6 +36,12 @@ public:
         return live_.data() + offset(seq) + n_layer_ * conv_floats_ + (sl - first_) * delta_floats_;
     }
 
+    // The whole state of sequence seq (every stored layer, conv then delta), live or checkpoint:
+    // seq_floats() floats, for saving and restoring a sequence (Context::save_seq_state).
+    size_t seq_floats() const { return per_seq_; }
+    float* seq_data(int seq, bool checkpoint) { return (checkpoint ? ckpt_ : live_).data() + offset(seq); }
+    void set_checkpoint_pos(int seq, int32_t pos) { ckpt_pos_[seq] = pos; }
+
     void reset(int seq);              // zero state, no checkpoint
     void copy(int src, int dst);      // state and checkpoint of src into dst
     void save_checkpoint(int seq, int32_t pos);
