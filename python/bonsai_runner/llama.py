@@ -23,6 +23,12 @@ that holds a stream may still call the Llama itself: that call runs, and the sus
 raises "interrupted" on its next step. Sequential use from several threads just works; for
 parallel requests use one Llama per thread or `bonsai serve` (parallel sequences).
 
+Embeddings (`embedding=True`): `embed` / `create_embedding` run each input on sequence 1 of the
+context, which holds nothing else and is emptied after every input, so the generation cache of
+sequence 0 is never touched; only when an input needs more KV cells than sequence 0 leaves free is
+that cache dropped first (the next generation evaluates its prompt again: same output, more
+prefill). Pooling and normalization are llama.cpp's (see embeddings.py).
+
 Every integer and float parameter is checked against the engine's ranges (engine_limits.py: C int
 counts up to 2**31-1, seeds up to 2**64-1, finite float32 values) before it reaches the binding, so
 bad values are one BonsaiError naming the parameter and its range.
@@ -39,6 +45,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from . import completion_format as fmt
+from . import embeddings as emb
 from .chat_template import ChatTemplate
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .errors import BonsaiError, check_model_file
@@ -77,7 +84,8 @@ class Llama:
                  seed: int = LLAMA_DEFAULT_SEED,
                  logits_all: bool = False, use_mmap: bool = True, tokenizer: Optional[str] = None,
                  chat_template: Optional[str] = None, act_mode: str = "int8", verbose: bool = True,
-                 stream_wait_s: float = DEFAULT_STREAM_WAIT_S):
+                 stream_wait_s: float = DEFAULT_STREAM_WAIT_S, embedding: bool = False,
+                 pooling_type: Union[None, int, str] = None):
         self._model = None
         self._ctx = None
         self._guard = UseGuard(check_float("stream_wait_s", stream_wait_s, 0.0, 1e9))
@@ -108,12 +116,19 @@ class Llama:
         self.verbose = bool(verbose)
         self._logits_all = bool(logits_all)
         self._seed = seed
+        self._embedding = bool(embedding)
+        if not self._embedding and pooling_type not in (None, -1):
+            raise BonsaiError("pooling_type applies to embeddings: create the Llama with embedding=True as well")
         self._model = _core.Model(path, use_mmap=bool(use_mmap), n_gpu_layers=n_gpu_layers,
                                   tokenizer=tokenizer, verbose=self.verbose)
         if n_ctx == 0:
             n_ctx = int(self._model.n_ctx_train)
         try:
-            self._ctx = _core.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_seq_max=1,
+            # embeddings: the file's pooling unless overridden (llama.cpp: none without the key)
+            self.pooling_type = emb.resolve_pooling(pooling_type, lambda: self._model.pooling_type, BonsaiError) \
+                if self._embedding else None
+            self._ctx = _core.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx),
+                                      n_seq_max=2 if self._embedding else 1,
                                       n_threads=n_threads, type_k=type_k, type_v=type_v,
                                       act_mode=act_mode, flash_attn=bool(flash_attn),
                                       cuda_graph=bool(cuda_graph))
@@ -344,6 +359,56 @@ class Llama:
         return _core.Sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                              repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                              seed=self._sampling_seed(seed))
+
+    # ---- embeddings -------------------------------------------------------------------------
+
+    def embed(self, input: Union[str, list[str], list[int], list[list[int]]], normalize: bool = True,
+              truncate: bool = True, return_count: bool = False):
+        """Embeddings of `input`, as llama-cpp-python: one list of floats (n_embd) per input, or
+        per-token lists with pooling none; a string or one token list gives its embedding alone, a
+        list of them a list. `normalize`: L2 (unit Euclidean norm, per token with pooling none).
+        An input longer than n_ctx is cut to n_ctx tokens with `truncate`, else refused.
+        `return_count` returns (embeddings, tokens embedded). Text is tokenized with the model's
+        BOS when it asks for one, special-token text not parsed (as `tokenize`)."""
+        with self._guard.call():
+            vectors, n, single = self._embed(input, normalize, truncate)
+        result = vectors[0] if single else vectors
+        return (result, n) if return_count else result
+
+    def create_embedding(self, input: Union[str, list[str], list[int], list[list[int]]],
+                         model: Optional[str] = None) -> dict:
+        """OpenAI's embeddings response: {"object": "list", "data": [{"object": "embedding",
+        "embedding": [...], "index": i}, ...], "model", "usage"}, normalized vectors."""
+        with self._guard.call():
+            vectors, n, _ = self._embed(input, True, True)
+        return emb.embedding_list(vectors, model if model is not None else self.model_path, n)
+
+    def _embed(self, input, normalize: bool, truncate: bool) -> tuple[list, int, bool]:
+        """(one embedding per input, tokens embedded, whether `input` was a single input)."""
+        ctx = self._live()
+        if not self._embedding:
+            raise BonsaiError("Llama model must be created with embedding=True to call this method "
+                              "(Llama(model_path, embedding=True))")
+        inputs, single = emb.parse_input(input, lambda t: self._tokenize(_utf8(t, "the input"), True, False),
+                                         self._n_vocab, BonsaiError)
+        for i, tokens in enumerate(inputs):
+            if len(tokens) > self._n_ctx:
+                if not truncate:
+                    raise BonsaiError(f"input {i} has {len(tokens)} tokens, more than n_ctx={self._n_ctx}; "
+                                      "pass truncate=True to cut it, or create the Llama with a larger n_ctx")
+                inputs[i] = tokens[: self._n_ctx]
+        out = []
+        for tokens in inputs:
+            if len(tokens) > self._n_ctx - self.n_tokens:  # sequence 0's cache leaves too few cells
+                ctx.seq_rm(0, -1, -1)
+                self.n_tokens = 0
+                self._generation += 1
+            rows = ctx.embed(tokens, seq=1, pooling=self.pooling_type)
+            if normalize:
+                rows = emb.l2_normalize(rows)
+            vectors = np.asarray(rows, dtype=np.float64).tolist()
+            out.append(vectors if self.pooling_type == "none" else vectors[0])
+        return out, sum(len(t) for t in inputs), single
 
     # ---- completion -------------------------------------------------------------------------
 
