@@ -379,7 +379,8 @@ def test_server_embeddings_bad_requests(server):
 
     cases = [({}, "input"), ({"input": []}, "input"), ({"input": 5}, "input"), ({"input": [[1, 2], "a"]}, "input"),
              ({"input": [1, 10**6]}, "input"), ({"input": ""}, "input"), ({"input": list(range(3, 70))}, "input"),
-             ({"input": "a", "encoding_format": "int8"}, "encoding_format"), ({"input": "a", "dimensions": 8}, "dimensions"),
+             ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+             ({"input": "a", "dimensions": 8}, "dimensions"),
              ({"input": "a", "dimensions": "64"}, "dimensions"), ({"input": "a", "model": 3}, "model"),
              ({"input": "a", "user": 1}, "user")]
     for body, param in cases:

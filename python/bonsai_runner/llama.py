@@ -369,7 +369,11 @@ class Llama:
         list of them a list. `normalize`: L2 (unit Euclidean norm, per token with pooling none).
         An input longer than n_ctx is cut to n_ctx tokens with `truncate`, else refused.
         `return_count` returns (embeddings, tokens embedded). Text is tokenized with the model's
-        BOS when it asks for one, special-token text not parsed (as `tokenize`)."""
+        BOS when it asks for one, special-token text not parsed (as `tokenize`).
+
+        Pooling (`self.pooling_type`): the constructor's `pooling_type`, else the file's
+        `<arch>.pooling_type`, else none, as llama.cpp and llama-cpp-python do for a generative
+        model without the key (llama-server's /v1/embeddings then refuses: `--pooling` there)."""
         with self._guard.call():
             vectors, n, single = self._embed(input, normalize, truncate)
         result = vectors[0] if single else vectors

@@ -216,7 +216,8 @@ def openapi_document(*, max_body: int, api_key: bool, n_vocab: int = 1 << 31) ->
                                                 api_key),
             "/v1/embeddings": {"post": {
                 "summary": "embeddings: the final hidden state after output_norm, pooled (--pooling), L2-normalized",
-                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("EmbeddingRequest")}}},
+                "requestBody": {"required": True,
+                                "content": {"application/json": {"schema": _ref("EmbeddingRequest")}}},
                 "responses": {"200": {"description": "one embedding per input, in input order",
                                       "content": {"application/json": {"schema": _ref("EmbeddingList")}}},
                               **_errors(*((400, 401, 413, 500, 503) if api_key else (400, 413, 500, 503)))}}},
