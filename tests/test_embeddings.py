@@ -403,6 +403,31 @@ def test_server_generation_after_embeddings(server, tiny):
     assert c.completions.create(model="x", prompt="Hello world", max_tokens=10, temperature=0).choices[0].text == want
 
 
+def test_server_embeddings_concurrent_with_generation(server, tiny, llm):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bonsai_runner import Llama
+
+    prompts = ["Hello world", "The answer is", "def add(a, b):"]
+    with Llama(tiny, n_ctx=64, verbose=False) as plain:
+        want = [plain(p, max_tokens=12, temperature=0)["choices"][0]["text"] for p in prompts]
+    want_vectors = llm.embed(TEXTS)
+    c = server.client()
+
+    def complete(p):
+        return c.completions.create(model="x", prompt=p, max_tokens=12, temperature=0).choices[0].text
+
+    def embed(_):
+        return [d.embedding for d in c.embeddings.create(model="x", input=TEXTS).data]
+
+    with ThreadPoolExecutor(6) as pool:
+        texts = [pool.submit(complete, p) for p in prompts * 2]
+        vectors = [pool.submit(embed, i) for i in range(4)]
+        assert [t.result(60) for t in texts] == want * 2
+        for v in vectors:
+            np.testing.assert_allclose(v.result(60), want_vectors, rtol=0, atol=1e-6)
+
+
 def test_server_pooling_none_is_refused_and_flag_is_parsed(tiny):
     import argparse
 
