@@ -7,7 +7,8 @@ hybrid), whose "logits" are then exactly the hidden state after the output norm.
 pooling (none, mean, cls, last) against it, whole and in chunks of n_batch; the pooling from the file's
 `<arch>.pooling_type` key and its override; unit L2 norm; a batch of inputs equal to the inputs one
 at a time; embeddings leaving other sequences' KV (and qwen35's recurrent state) untouched, so
-generation after embedding is unchanged; base64 equal to float; the bad inputs refused with one
+generation after embedding is unchanged; the GPU path equal to the CPU (`cuda`, skipped without a
+GPU); base64 equal to float; the bad inputs refused with one
 clear error (400 naming the field in the server). The `real_model` case: on Qwen2.5-Coder-0.5B two
 similar sentences are closer (cosine) than an unrelated one.
 """
@@ -196,6 +197,25 @@ def test_qwen35_hidden_state_matches_reference(qwen35_file, n_batch):
     with _core.Model(path) as model, context(model, n_batch=n_batch, n_seq_max=2) as fresh:
         want_logits = _continue(fresh, ids[:8], ids[8:12], False)
     np.testing.assert_array_equal(got, want_logits)
+
+
+# ---------------------------------------------------------------- the GPU path (CUDA builds with a GPU)
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n_gpu_layers", [-1, 2])  # the head on the GPU (x copied back for the norm) / partial
+def test_gpu_embeddings_match_cpu(tmp_path, n_gpu_layers):
+    from synthetic_gguf import write_synthetic_model
+
+    path = str(write_synthetic_model(tmp_path / "m.gguf", "llama", wtype="Q8_0", emb_type="F16", n_layer=4))
+    ids = [int(t) for t in np.random.default_rng(5).integers(3, 500, 40)]
+    out = {}
+    for ngl in (0, n_gpu_layers):
+        with _core.Model(path, n_gpu_layers=ngl) as m, context(m, n_batch=16, n_seq_max=2) as ctx:
+            rows = {how: ctx.embed(ids, seq=1, pooling=how) for how in ("none", "mean", "last")}
+            out[ngl] = rows, _continue(ctx, ids[:10], ids[10:14], True)
+    for how, cpu in out[0][0].items():
+        assert rel_err(out[n_gpu_layers][0][how], cpu) < 1e-4, how
+    assert rel_err(out[n_gpu_layers][1], out[0][1]) < 1e-4  # generation after embedding, on the GPU
 
 
 # ---------------------------------------------------------------- Llama.embed / create_embedding
