@@ -9,7 +9,8 @@ request runs in a worker thread on a context of its own (one sequence of --ctx-s
 at the first embeddings request and kept), so it never touches the slots' KV cache; embeddings
 requests run one at a time. Pooling: --pooling, else the file's pooling_type; as llama-server's
 /v1/embeddings, pooling none (the default of a generative model) is refused with 400. Vectors are
-L2-normalized; `encoding_format` "base64" sends their little-endian float32 bytes.
+L2-normalized; `encoding_format` "base64" sends their little-endian float32 bytes. Input text is
+tokenized as completion prompts are (BOS as the vocabulary asks, special-token text parsed).
 
 One `ServingEngine` owns the model and the `Scheduler`; the scheduler thread calls each request's
 event callback, which hands the event to the asyncio loop (`call_soon_threadsafe`), so handlers
