@@ -66,7 +66,7 @@ def test_every_llama_cpp_keyword_at_its_default_is_silent(tiny, llm):
         warnings.simplefilter("error")
         m = Llama(tiny, **LLAMA_CPP_DEFAULTS)
     try:
-        assert m.n_ctx() == 512 and m.chat_format is None and m._embedding is False and m._pooling_type == -1
+        assert m.n_ctx() == 512 and m.chat_format is None and m._embedding is False and m.pooling_type() == -1
         assert _greedy(m) == _greedy(llm)
     finally:
         m.close()

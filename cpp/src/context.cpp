@@ -1,4 +1,5 @@
-// Context: batch validation, KV cell assignment, chunked forward passes and the output logits.
+// Context: batch validation, KV cell assignment, chunked forward passes and the output logits (or,
+// for embed(), the pooled hidden states after output_norm).
 //
 // Compute buffer layout (one float vector, sized for n_batch tokens):
 //   x [nb, n_embd] | cur [nb, n_embd] | q [nb, n_embd_q] | k, v [nb, n_embd_kv] | attn [nb, n_embd_q]
@@ -185,7 +186,9 @@ void Context::check_seq(int seq, const char* what) const {
     }
 }
 
-void Context::decode(const Batch& batch) {
+void Context::decode(const Batch& batch) { decode_rows(batch, false, logits_); }
+
+void Context::decode_rows(const Batch& batch, bool embeddings, std::vector<float>& out) {
     const size_t n = batch.token.size();
     if (n == 0) throw Error("decode: the batch is empty");
     if (batch.pos.size() != n || batch.seq_id.size() != n || (!batch.logits.empty() && batch.logits.size() != n)) {
@@ -228,7 +231,8 @@ void Context::decode(const Batch& batch) {
         const bool want = batch.logits.empty() ? (i + 1 == n) : batch.logits[i] != 0;
         if (want) out_index_[i] = static_cast<int32_t>(n_outputs_++);
     }
-    logits_.resize(static_cast<size_t>(n_outputs_) * n_vocab);
+    const int64_t width = embeddings ? model_->hparams().n_embd : n_vocab;  // floats per output row
+    out.resize(static_cast<size_t>(n_outputs_) * width);
 
     // Processing order: batch order, except that with recurrent layers the last token of every
     // sequence that has two or more tokens here (a prompt) runs after the others, so that the
@@ -279,7 +283,8 @@ void Context::decode(const Batch& batch) {
                     kv_->claim(run_cells[j], run.pos[j], uint64_t{1} << run.seq_id[j]);
                     ++claimed;
                 }
-                decode_chunk(run, b, e, run_cells, want, outs_before);
+                decode_chunk(run, b, e, run_cells, want, outs_before,
+                             embeddings ? out.data() + outs_before * width : nullptr);
                 for (size_t j = b; j < e; ++j) outs_before += want[j];
             }
         };
@@ -298,18 +303,18 @@ void Context::decode(const Batch& batch) {
         throw;
     }
     if (!identity && n_outputs_ > 0) {  // output rows were written in processing order
-        std::vector<float> produced(logits_);
+        std::vector<float> produced(out);
         int64_t k = 0;
         for (size_t j = 0; j < n; ++j) {
             if (!want[j]) continue;
-            std::copy_n(produced.begin() + k * n_vocab, n_vocab, logits_.begin() + out_index_[order[j]] * n_vocab);
+            std::copy_n(produced.begin() + k * width, width, out.begin() + out_index_[order[j]] * width);
             ++k;
         }
     }
 }
 
 void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const std::vector<int32_t>& cells,
-                           const std::vector<uint8_t>& want, int64_t first_out) {
+                           const std::vector<uint8_t>& want, int64_t first_out, float* embd) {
     const Hparams& hp = model_->hparams();
     const int64_t n = static_cast<int64_t>(end - begin);
     std::vector<uint64_t> masks(n);
@@ -329,7 +334,8 @@ void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const s
     st.cell = cells.data() + begin;
     st.n_out = static_cast<int64_t>(out_rows.size());
     st.out_rows = out_rows.data();
-    st.logits = logits_.data() + first_out * hp.n_vocab;
+    st.logits = embd ? nullptr : logits_.data() + first_out * hp.n_vocab;
+    st.embd = embd;
     st.kv = kv_.get();
     st.pool = pool_.get();
     st.act = params_.act_mode;
@@ -355,6 +361,101 @@ void Context::decode_chunk(const Batch& batch, size_t begin, size_t end, const s
     st.o = base + l.o;
     st.rs = rs_.get();
     model_->arch().forward(*model_, st);
+}
+
+std::vector<float> Context::embed(const std::vector<int32_t>& tokens, int seq, Pooling pooling) {
+    check_seq(seq, "embed");
+    if (tokens.empty()) throw Error("embed: the input has no tokens");
+    if (pooling == Pooling::RANK) {
+        throw Error("embed: pooling 'rank' is a reranker's score head, which this engine does not run; "
+                    "use none, mean, cls or last");
+    }
+    if (kv_->seq_pos_max(seq) >= 0) {
+        throw Error("embed: sequence " + std::to_string(seq) + " holds tokens; embeddings run on an empty "
+                    "sequence (seq_rm it first, or use a free one)");
+    }
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    if (n > kv_->n_free()) {
+        throw Error("embed: the input has " + std::to_string(n) + " tokens but only " +
+                    std::to_string(kv_->n_free()) + " of n_ctx = " + std::to_string(params_.n_ctx) +
+                    " KV cells are free; truncate the input or use a larger context");
+    }
+    Batch b;
+    for (int64_t i = 0; i < n; ++i) {
+        const bool want = pooling == Pooling::NONE || pooling == Pooling::MEAN ||
+                          (pooling == Pooling::CLS && i == 0) || (pooling == Pooling::LAST && i + 1 == n);
+        b.add(tokens[i], static_cast<int32_t>(i), seq, want);
+    }
+    try {
+        decode_rows(b, true, embd_);
+    } catch (...) {
+        n_outputs_ = 0;
+        out_index_.clear();
+        seq_rm(seq, -1, -1);
+        throw;
+    }
+    const int64_t rows = n_outputs_;
+    n_outputs_ = 0;  // the rows are embeddings, not logits: logits(i) must not hand them out
+    out_index_.clear();
+    seq_rm(seq, -1, -1);
+    std::vector<float> result;
+    // the flagged rows are the ones pooling reads: all of them (none, mean) or the one token
+    pool_rows(embd_.data(), rows, model_->hparams().n_embd,
+              pooling == Pooling::CLS || pooling == Pooling::LAST ? Pooling::NONE : pooling, result);
+    return result;
+}
+
+Pooling model_pooling(const Model& model) {
+    const std::string key = model.hparams().arch + ".pooling_type";
+    const uint64_t v = model.gguf().get_u64(key, 0);
+    if (v > 4) {
+        throw Error(key + " = " + std::to_string(v) + " is not a pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)");
+    }
+    return static_cast<Pooling>(v);
+}
+
+const char* pooling_name(Pooling p) {
+    switch (p) {
+        case Pooling::NONE: return "none";
+        case Pooling::MEAN: return "mean";
+        case Pooling::CLS: return "cls";
+        case Pooling::LAST: return "last";
+        case Pooling::RANK: return "rank";
+    }
+    return "unknown";
+}
+
+Pooling parse_pooling(const std::string& name) {
+    for (Pooling p : {Pooling::NONE, Pooling::MEAN, Pooling::CLS, Pooling::LAST, Pooling::RANK}) {
+        if (name == pooling_name(p)) return p;
+    }
+    throw Error("unknown pooling '" + name + "'; use none, mean, cls or last");
+}
+
+void pool_rows(const float* rows, int64_t n, int64_t n_embd, Pooling pooling, std::vector<float>& out) {
+    if (n <= 0) throw Error("pool_rows: no rows to pool");
+    switch (pooling) {
+        case Pooling::NONE:
+            out.assign(rows, rows + n * n_embd);
+            return;
+        case Pooling::CLS:
+            out.assign(rows, rows + n_embd);
+            return;
+        case Pooling::LAST:
+            out.assign(rows + (n - 1) * n_embd, rows + n * n_embd);
+            return;
+        case Pooling::MEAN: {
+            std::vector<double> sum(n_embd, 0.0);  // double: long inputs do not lose the small rows
+            for (int64_t t = 0; t < n; ++t) {
+                for (int64_t j = 0; j < n_embd; ++j) sum[j] += rows[t * n_embd + j];
+            }
+            out.resize(n_embd);
+            for (int64_t j = 0; j < n_embd; ++j) out[j] = static_cast<float>(sum[j] / static_cast<double>(n));
+            return;
+        }
+        case Pooling::RANK: break;
+    }
+    throw Error(std::string("pool_rows: pooling '") + pooling_name(pooling) + "' is not supported");
 }
 
 const float* Context::logits(int32_t i) const {

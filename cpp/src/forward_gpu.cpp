@@ -18,7 +18,7 @@ int64_t forward_gpu(const Model& m, ForwardState& st) {
 }
 
 bool gpu_did_output(const Model& m, const ForwardState& st) {
-    return st.gpu != nullptr && m.gpu_output();
+    return st.gpu != nullptr && m.gpu_output() && st.embd == nullptr;  // embeddings: the CPU norms x
 }
 
 }  // namespace bonsai

@@ -178,6 +178,23 @@ py::array_t<float> decode(PyContext& self, const py::object& tokens, const py::o
     return out;
 }
 
+py::array_t<float> embed(PyContext& self, const py::object& tokens, int seq, const py::object& pooling) {
+    bonsai::Context& ctx = self.get();
+    const std::vector<int32_t> toks = to_int32(tokens, "tokens", INT32_MIN, INT32_MAX);
+    const bonsai::Pooling p = pooling.is_none() ? bonsai::model_pooling(ctx.model())
+                                                : bonsai::parse_pooling(py::str(pooling).cast<std::string>());
+    const int64_t n_embd = ctx.model().hparams().n_embd;
+    std::vector<float> rows;
+    {
+        py::gil_scoped_release release;
+        std::lock_guard<std::mutex> lock(self.busy);
+        rows = self.get().embed(toks, seq, p);
+    }
+    py::array_t<float> out({static_cast<py::ssize_t>(rows.size() / n_embd), static_cast<py::ssize_t>(n_embd)});
+    std::copy(rows.begin(), rows.end(), out.mutable_data());
+    return out;
+}
+
 }  // namespace
 
 void bind_model(py::module_& m) {
@@ -232,6 +249,10 @@ void bind_model(py::module_& m) {
                  }
                  return py::bytes(s.get().vocab().token_to_piece(id));
              }, py::arg("id"))
+        .def_property_readonly("pooling_type", [](const PyModel& s) {
+                                   return std::string(bonsai::pooling_name(bonsai::model_pooling(s.get())));
+                               },
+                               "The file's <arch>.pooling_type as a name (none when the key is absent).")
         .def_property_readonly("bos", [](const PyModel& s) { return s.get().vocab().bos(); })
         .def_property_readonly("eos", [](const PyModel& s) { return s.get().vocab().eos(); })
         .def("memory_report", [](const PyModel& s) { return model_memory(s.get()); })
@@ -268,6 +289,10 @@ void bind_model(py::module_& m) {
         .def("decode", &decode, py::arg("tokens"), py::arg("pos") = py::none(), py::arg("seq_ids") = py::none(),
              py::arg("logits") = "last",
              "Runs tokens through the model; returns float32 logits [n_out, n_vocab] of the flagged tokens.")
+        .def("embed", &embed, py::arg("tokens"), py::arg("seq") = 0, py::arg("pooling") = py::none(),
+             "Embeddings of one input run on the empty sequence seq (emptied again afterwards): float32 hidden "
+             "states after output_norm, [n_tokens, n_embd] for pooling 'none', else [1, n_embd]; pooling None = "
+             "the model's pooling_type. The LM head is not run.")
         .def("seq_rm", [](PyContext& s, int seq, int p0, int p1) { s.get().seq_rm(seq, p0, p1); },
              py::arg("seq"), py::arg("p0") = -1, py::arg("p1") = -1)
         .def("seq_cp", [](PyContext& s, int src, int dst, int p0, int p1) { s.get().seq_cp(src, dst, p0, p1); },

@@ -261,6 +261,11 @@ class Model:
     @property
     def n_vocab(self) -> int:
         ...
+    @property
+    def pooling_type(self) -> str:
+        """
+        The file's <arch>.pooling_type as a name (none when the key is absent).
+        """
 class Context:
     """
     Mutable inference state (KV cache, buffers) over a Model.
@@ -278,6 +283,10 @@ class Context:
     def decode(self, tokens: typing.Any, pos: typing.Any = None, seq_ids: typing.Any = None, logits: typing.Any = 'last') -> numpy.typing.NDArray[numpy.float32]:
         """
         Runs tokens through the model; returns float32 logits [n_out, n_vocab] of the flagged tokens.
+        """
+    def embed(self, tokens: typing.Any, seq: typing.SupportsInt | typing.SupportsIndex = 0, pooling: typing.Any = None) -> numpy.typing.NDArray[numpy.float32]:
+        """
+        Embeddings of one input run on the empty sequence seq (emptied again afterwards): float32 hidden states after output_norm, [n_tokens, n_embd] for pooling 'none', else [1, n_embd]; pooling None = the model's pooling_type. The LM head is not run.
         """
     def load_seq_state(self, seq: typing.SupportsInt | typing.SupportsIndex, state: bytes) -> None:
         """

@@ -29,6 +29,12 @@ TypeError that suggests the right one. save_state / load_state copy the sequence
 (KV rows, recurrent state) with the tokens and logits, so a continuation after load_state is the one
 that would have followed the save.
 
+Embeddings (`embedding=True`): `embed` / `create_embedding` run each input on sequence 1 of the
+context, which holds nothing else and is emptied after every input, so the generation cache of
+sequence 0 is never touched; only when an input needs more KV cells than sequence 0 leaves free is
+that cache dropped first (the next generation evaluates its prompt again: same output, more
+prefill). Pooling and normalization are llama.cpp's (see embeddings.py).
+
 Every integer and float parameter is checked against the engine's ranges (engine_limits.py: C int
 counts up to 2**31-1, seeds up to 2**64-1, finite float32 values) before it reaches the binding, so
 bad values are one BonsaiError naming the parameter and its range.
@@ -47,6 +53,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from . import completion_format as fmt
+from . import embeddings as emb
 from .chat_formats import chat_format as builtin_chat_format
 from .chat_template import ChatTemplate
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
@@ -85,7 +92,7 @@ class Llama:
     def __init__(self, model_path: Union[str, os.PathLike], *, n_gpu_layers: int = 0,
                  use_mmap: bool = True, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: Optional[int] = None, n_threads_batch: Optional[int] = None,
-                 pooling_type: int = -1, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
+                 pooling_type: Union[None, int, str] = -1, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
                  logits_all: bool = False, embedding: bool = False, flash_attn: bool = False,
                  no_perf: bool = False, last_n_tokens_size: int = 64, chat_format: Optional[str] = None,
                  tokenizer: Optional[str] = None, type_k: Union[str, int, None] = None,
@@ -126,8 +133,6 @@ class Llama:
             raise BonsaiError(f"unknown act_mode={act_mode!r}; use one of {', '.join(ACT_MODES)} "
                               "(int8: per-token INT8 activations, float: full-precision activations)")
         self._last_n_tokens_size = check_int("last_n_tokens_size", last_n_tokens_size, -1, INT32_MAX)
-        self._pooling_type = check_int("pooling_type", pooling_type, -1, INT32_MAX)
-        self._embedding = bool(embedding)
         self._spm_infill = bool(spm_infill)
         self._no_perf = bool(no_perf)
         fmt_spec = builtin_chat_format(chat_format) if chat_format is not None else None
@@ -144,6 +149,9 @@ class Llama:
         self._logits_all = bool(logits_all)
         self._seed = seed
         self._sample_seeds = random.Random(None if seed == LLAMA_DEFAULT_SEED else seed)  # for sample()
+        self._embedding = bool(embedding)
+        if not self._embedding and pooling_type not in (None, -1):
+            raise BonsaiError("pooling_type applies to embeddings: create the Llama with embedding=True as well")
         self._model = _core.Model(path, use_mmap=bool(use_mmap), n_gpu_layers=n_gpu_layers,
                                   tokenizer=None if tokenizer is None else os.fspath(tokenizer), verbose=self.verbose)
         try:
@@ -154,7 +162,11 @@ class Llama:
         if n_ctx == 0:
             n_ctx = int(self._model.n_ctx_train)
         try:
-            self._ctx = _core.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_seq_max=1,
+            # embeddings: the file's pooling unless overridden (llama.cpp: none without the key)
+            self.pooling = emb.resolve_pooling(pooling_type, lambda: self._model.pooling_type, BonsaiError) \
+                if self._embedding else None
+            self._ctx = _core.Context(self._model, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx),
+                                      n_seq_max=2 if self._embedding else 1,
                                       n_threads=n_threads, type_k=type_k, type_v=type_v,
                                       act_mode=act_mode, flash_attn=bool(flash_attn),
                                       cuda_graph=bool(cuda_graph))
@@ -511,8 +523,9 @@ class Llama:
         self._sample_seeds = random.Random(None if self._seed == LLAMA_DEFAULT_SEED else self._seed)
 
     def pooling_type(self) -> int:
-        """The pooling_type given to the constructor (-1: the model's)."""
-        return self._pooling_type
+        """llama.cpp's number of the pooling embeddings use (0 none, 1 mean, 2 cls, 3 last; its name is
+        `self.pooling`); -1 without embedding=True, as llama.cpp's unspecified."""
+        return emb.POOLING_TYPES[self.pooling] if self._embedding else -1
 
     def _processed(self, processor, row: np.ndarray, input_ids: np.ndarray) -> np.ndarray:
         """`row` through llama-cpp-python's logits_processor(input_ids, scores) if given."""
@@ -554,6 +567,60 @@ class Llama:
                              frequency_penalty=args["frequency_penalty"],
                              presence_penalty=args["presence_penalty"], logit_bias=args["logit_bias"],
                              seed=self._sampling_seed(args["seed"]))
+
+    # ---- embeddings -------------------------------------------------------------------------
+
+    def embed(self, input: Union[str, list[str], list[int], list[list[int]]], normalize: bool = True,
+              truncate: bool = True, return_count: bool = False):
+        """Embeddings of `input`, as llama-cpp-python: one list of floats (n_embd) per input, or
+        per-token lists with pooling none; a string or one token list gives its embedding alone, a
+        list of them a list. `normalize`: L2 (unit Euclidean norm, per token with pooling none).
+        An input longer than n_ctx is cut to n_ctx tokens with `truncate`, else refused.
+        `return_count` returns (embeddings, tokens embedded). Text is tokenized with the model's
+        BOS when it asks for one, special-token text not parsed (as `tokenize`).
+
+        Pooling (`self.pooling`): the constructor's `pooling_type`, else the file's
+        `<arch>.pooling_type`, else none, as llama.cpp and llama-cpp-python do for a generative
+        model without the key (llama-server's /v1/embeddings then refuses: `--pooling` there)."""
+        with self._guard.call():
+            vectors, n, single = self._embed(input, normalize, truncate)
+        result = vectors[0] if single else vectors
+        return (result, n) if return_count else result
+
+    def create_embedding(self, input: Union[str, list[str], list[int], list[list[int]]],
+                         model: Optional[str] = None) -> dict:
+        """OpenAI's embeddings response: {"object": "list", "data": [{"object": "embedding",
+        "embedding": [...], "index": i}, ...], "model", "usage"}, normalized vectors."""
+        with self._guard.call():
+            vectors, n, _ = self._embed(input, True, True)
+        return emb.embedding_list(vectors, model if model is not None else self.model_path, n)
+
+    def _embed(self, input, normalize: bool, truncate: bool) -> tuple[list, int, bool]:
+        """(one embedding per input, tokens embedded, whether `input` was a single input)."""
+        ctx = self._live()
+        if not self._embedding:
+            raise BonsaiError("Llama model must be created with embedding=True to call this method "
+                              "(Llama(model_path, embedding=True))")
+        inputs, single = emb.parse_input(input, lambda t: self._tokenize(_utf8(t, "the input"), True, False),
+                                         self._n_vocab, BonsaiError)
+        for i, tokens in enumerate(inputs):
+            if len(tokens) > self._n_ctx:
+                if not truncate:
+                    raise BonsaiError(f"input {i} has {len(tokens)} tokens, more than n_ctx={self._n_ctx}; "
+                                      "pass truncate=True to cut it, or create the Llama with a larger n_ctx")
+                inputs[i] = tokens[: self._n_ctx]
+        out = []
+        for tokens in inputs:
+            if len(tokens) > self._n_ctx - self.n_tokens:  # sequence 0's cache leaves too few cells
+                ctx.seq_rm(0, -1, -1)
+                self.n_tokens = 0
+                self._generation += 1
+            rows = ctx.embed(tokens, seq=1, pooling=self.pooling)
+            if normalize:
+                rows = emb.l2_normalize(rows)
+            vectors = np.asarray(rows, dtype=np.float64).tolist()
+            out.append(vectors if self.pooling == "none" else vectors[0])
+        return out, sum(len(t) for t in inputs), single
 
     # ---- completion -------------------------------------------------------------------------
 

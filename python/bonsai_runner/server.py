@@ -1,8 +1,8 @@
 """OpenAI-compatible HTTP server over the continuous-batching scheduler (FastAPI + uvicorn).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events ending with
-`data: [DONE]` when "stream": true; logprobs as server_logprobs describes), GET /v1/models,
-GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), and llama-server's
+`data: [DONE]` when "stream": true; logprobs as server_logprobs describes), POST /v1/embeddings,
+GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), and llama-server's
 POST /tokenize, POST /detokenize, GET /props and GET /slots. With an API key, every route but
 /health, /metrics and /openapi.json needs it.
 
@@ -12,6 +12,14 @@ Access-Control-* headers for the listed origins ("*": any); off by default. Acce
 (run_server prints it on stderr): method, path, status, the prompt and completion tokens of a
 request that generated (and how it finished), and the wall time in ms; a streamed response is
 logged when its stream ends, a failed one with its error status.
+
+Embeddings are always served, beside generation (no --embeddings switch as llama-server needs): a
+request runs in a worker thread on a context of its own (one sequence of --ctx-size cells, created
+at the first embeddings request and kept), so it never touches the slots' KV cache; embeddings
+requests run one at a time. Pooling: --pooling, else the file's pooling_type; as llama-server's
+/v1/embeddings, pooling none (the default of a generative model) is refused with 400. Vectors are
+L2-normalized; `encoding_format` "base64" sends their little-endian float32 bytes. Input text is
+tokenized as completion prompts are (BOS as the vocabulary asks, special-token text parsed).
 
 One `ServingEngine` owns the model and the `Scheduler`; the scheduler thread calls each request's
 event callback, which hands the event to the asyncio loop (`call_soon_threadsafe`), so handlers
@@ -48,20 +56,22 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
 from . import __version__
 from . import completion_format as fmt
+from . import embeddings as emb
 from .chat_template import ChatTemplate
 from .errors import BonsaiError, check_model_file
 from .scheduler import (GenerationRequest, InvalidRequestError, QueueFullError, Scheduler,
                         SchedulerUnavailableError, StreamEvent)
 from .server_logprobs import LogprobFormatter, chat_logprobs
 from .server_requests import (COMPLETION_DEFAULTS, SAMPLING_DEFAULTS, APIError, bad_request, chat_template_kwargs,
-                              completion_prompt, detokenize_ids, from_invalid, parse_json_body, sampling_args,
-                              stream_flags, tokenize_args)
+                              completion_prompt, detokenize_ids, embeddings_args, from_invalid, parse_json_body,
+                              sampling_args, stream_flags, tokenize_args)
 from .vocab_facts import adds_bos, end_of_generation_ids, token_text
 
 __all__ = ["ServingEngine", "create_app", "run_server", "bind_socket", "main", "DEFAULT_MAX_BODY",
@@ -80,7 +90,7 @@ class ServingEngine:
                  n_threads: int = 0, cache_prompt: bool = True, queue_limit: int = 64,
                  chat_template: Optional[str] = None, model_alias: Optional[str] = None, n_gpu_layers: int = 0,
                  type_k: str = "f16", type_v: str = "f16", flash_attn: bool = False, verbose: bool = False,
-                 fault_injection: bool = False, stall_timeout: float = 120.0):
+                 fault_injection: bool = False, stall_timeout: float = 120.0, pooling: Optional[str] = None):
         from . import _core
 
         check_model_file(model_path)
@@ -89,6 +99,9 @@ class ServingEngine:
         self.created = int(time.time())
         self._model = _core.Model(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
         try:
+            self._setup_embeddings(_core, pooling, dict(n_ctx=n_ctx_slot, n_batch=min(n_batch, n_ctx_slot),
+                                                        n_threads=n_threads, type_k=type_k, type_v=type_v,
+                                                        flash_attn=flash_attn))
             self._setup(_core, model_path, chat_template, n_parallel=n_parallel, n_ctx_slot=n_ctx_slot,
                         n_batch=n_batch, n_threads=n_threads, cache_prompt=cache_prompt, queue_limit=queue_limit,
                         type_k=type_k, type_v=type_v, flash_attn=flash_attn, fault_injection=fault_injection,
@@ -154,9 +167,66 @@ class ServingEngine:
         valid UTF-8 become U+FFFD."""
         return bytes(self._vocab.detokenize(tokens, True)).decode("utf-8", errors="replace")
 
+    def _setup_embeddings(self, _core, pooling: Optional[str], context_args: dict) -> None:
+        self._core = _core
+        self.n_embd = int(self._model.n_embd)
+        self._embd_args = context_args
+        self._embd_ctx = None  # created by the first embeddings request
+        self._embd_lock = threading.Lock()
+        self._pooling_error: Optional[str] = None
+        try:
+            self.pooling = emb.resolve_pooling(pooling, lambda: self._model.pooling_type, BonsaiError)
+        except BonsaiError as e:
+            if pooling is not None:
+                raise BonsaiError(f"--pooling: {e}") from None
+            self.pooling, self._pooling_error = None, str(e)  # generation still works; embeddings say why not
+        if self.pooling == "none":
+            self._pooling_error = ("pooling type 'none' is not OpenAI compatible (one vector per token); start the "
+                                   "server with --pooling last, mean or cls")
+
     def close(self) -> None:
         self.scheduler.close()
+        with self._embd_lock:
+            if self._embd_ctx is not None:
+                self._embd_ctx.close()
         self._model.close()
+
+    def embeddings(self, raw: bytes) -> dict:
+        """Parses, validates, tokenizes and embeds a /v1/embeddings body (worker thread; blocking)."""
+        body = parse_json_body(raw)
+        value, encoding = embeddings_args(body, self.n_embd)
+        if self._pooling_error is not None:
+            raise bad_request(self._pooling_error, None, "unsupported_value")
+        n_ctx = self._embd_args["n_ctx"]
+
+        def tokenize(text: str) -> list[int]:
+            data = _utf8(text, "input")
+            if len(data) > self._max_prompt_bytes:
+                raise bad_request(f"an input is {len(data)} bytes, more than {n_ctx} tokens can hold; shorten it or "
+                                  "start the server with a larger --ctx-size", "input", "context_length_exceeded")
+            return list(self._vocab.tokenize(data, add_special=True, parse_special=True))
+
+        def invalid(message: str) -> APIError:
+            return bad_request(message, "input", "invalid_value")
+
+        inputs, _ = emb.parse_input(value, tokenize, self.n_vocab, invalid)
+        for i, tokens in enumerate(inputs):
+            if len(tokens) > n_ctx:
+                raise bad_request(f"input {i} has {len(tokens)} tokens, more than the {n_ctx} an embeddings request "
+                                  "may hold (--ctx-size); shorten it", "input", "context_length_exceeded")
+        vectors = []
+        with self._embd_lock:
+            if self._embd_ctx is None:
+                try:
+                    self._embd_ctx = self._core.Context(self._model, n_seq_max=1, **self._embd_args)
+                except BonsaiError as e:
+                    raise APIError(503, f"cannot create the embeddings context: {e}", "server_error", None,
+                                   "unavailable") from None
+            for tokens in inputs:
+                rows = self._embd_ctx.embed(tokens, seq=0, pooling=self.pooling)
+                vectors.append(emb.l2_normalize(rows)[0].tolist())
+        return emb.embedding_list(vectors, self.model_id, sum(len(t) for t in inputs),
+                                  emb.to_base64 if encoding == "base64" else None)
 
     def completion_tokens(self, prompt: Any) -> tuple[list[int], str]:
         """Tokens and text of a completion prompt (text: BOS as the vocabulary asks, special-token
@@ -536,6 +606,11 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(_metrics_text(engine), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        check_key(request)
+        return await asyncio.to_thread(engine.embeddings, await _read_body(request, max_body))
 
     def model_card() -> dict:
         return {"id": engine.model_id, "object": "model", "created": engine.created, "owned_by": "bonsai-runner"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .server_requests import FLOAT_RANGES, INT_RANGES, UNSUPPORTED_FIELDS
+from .server_requests import ENCODING_FORMATS, FLOAT_RANGES, INT_RANGES, UNSUPPORTED_FIELDS
 
 __all__ = ["openapi_document"]
 
@@ -116,6 +116,22 @@ def _chat_request() -> dict:
                            **_sampling_properties(chat=True)}}
 
 
+def _embedding_request(n_vocab: int) -> dict:
+    token_ids = {"type": "array", "minItems": 1,
+                 "items": {"type": "integer", "minimum": 0, "maximum": max(n_vocab - 1, 0)}}
+    return {"type": "object", "required": ["input"],
+            "properties": {
+                "input": {"description": "one input (text or token ids) or several (a list of either)",
+                          "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                                    token_ids, {"type": "array", "minItems": 1, "items": token_ids}]},
+                "model": {"type": "string", "nullable": True, "description": "ignored: the server serves one model"},
+                "encoding_format": {"type": "string", "enum": list(ENCODING_FORMATS), "nullable": True,
+                                    "description": "float (default) or base64 (little-endian float32 bytes)"},
+                "dimensions": {"type": "integer", "nullable": True,
+                               "description": "must equal the model's embedding width (vectors are not shortened)"},
+                "user": {"type": "string", "nullable": True, "description": "ignored"}}}
+
+
 def _schemas(n_vocab: int) -> dict:
     usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
              "properties": {k: {"type": "integer", "minimum": 0}
@@ -177,6 +193,20 @@ def _schemas(n_vocab: int) -> dict:
                                                   "logprobs": chat_logprobs,
                                                   "finish_reason": finish}}},
                                           "usage": _ref("Usage")}},
+        "EmbeddingRequest": _embedding_request(n_vocab),
+        "EmbeddingList": {"type": "object", "required": ["object", "data", "model", "usage"],
+                          "properties": {"object": {"type": "string", "enum": ["list"]},
+                                         "data": {"type": "array", "minItems": 1, "items": {
+                                             "type": "object", "required": ["object", "embedding", "index"],
+                                             "properties": {"object": {"type": "string", "enum": ["embedding"]},
+                                                            "embedding": {"oneOf": [
+                                                                {"type": "array", "items": {"type": "number"}},
+                                                                {"type": "string"}]},
+                                                            "index": {"type": "integer", "minimum": 0}}}},
+                                         "model": {"type": "string"},
+                                         "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+                                                   "properties": {k: {"type": "integer", "minimum": 0}
+                                                                  for k in ("prompt_tokens", "total_tokens")}}}},
         "Models": {"type": "object", "required": ["object", "data"],
                    "properties": {"object": {"type": "string", "enum": ["list"]},
                                   "data": {"type": "array", "items": _ref("Model")}}},
@@ -281,6 +311,13 @@ def openapi_document(*, max_body: int, api_key: bool, n_vocab: int = 1 << 31) ->
             "/v1/completions": _generation("CompletionRequest", "Completion", "text completion", api_key),
             "/v1/chat/completions": _generation("ChatCompletionRequest", "ChatCompletion", "chat completion",
                                                 api_key),
+            "/v1/embeddings": {"post": {
+                "summary": "embeddings: the final hidden state after output_norm, pooled (--pooling), L2-normalized",
+                "requestBody": {"required": True,
+                                "content": {"application/json": {"schema": _ref("EmbeddingRequest")}}},
+                "responses": {"200": {"description": "one embedding per input, in input order",
+                                      "content": {"application/json": {"schema": _ref("EmbeddingList")}}},
+                              **_errors(*((400, 401, 413, 500, 503) if api_key else (400, 413, 500, 503)))}}},
             "/v1/models": _get("Models", "the served model", v1_errors),
             "/v1/models/{model_id}": {"get": {
                 "summary": "one model by id",
@@ -304,8 +341,8 @@ def openapi_document(*, max_body: int, api_key: bool, n_vocab: int = 1 << 31) ->
     }
     if api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model_id}", "/tokenize",
-                     "/detokenize", "/props", "/slots"):
+        for path in ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
+                     "/v1/models/{model_id}", "/tokenize", "/detokenize", "/props", "/slots"):
             for op in doc["paths"][path].values():
                 op["security"] = [{"bearer": []}]
     return doc

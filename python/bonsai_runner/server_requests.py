@@ -28,8 +28,8 @@ from .sampling_params import normalize_logit_bias
 from .scheduler import InvalidRequestError
 
 __all__ = ["APIError", "bad_request", "from_invalid", "parse_json_body", "sampling_args", "completion_prompt",
-           "stream_flags", "chat_template_kwargs", "tokenize_args", "detokenize_ids", "UNSUPPORTED_FIELDS",
-           "MAX_LOGPROBS"]
+           "stream_flags", "chat_template_kwargs", "tokenize_args", "detokenize_ids", "embeddings_args",
+           "UNSUPPORTED_FIELDS", "MAX_LOGPROBS"]
 
 # Defaults per endpoint, as bonsai_runner.Llama's create_completion / create_chat_completion.
 COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 0.8}
@@ -344,6 +344,32 @@ def completion_prompt(body: dict) -> Any:
         return p
     raise bad_request(f"'prompt' must be a string or a list of token ids, not {type(p).__name__}",
                       "prompt", "invalid_type")
+
+
+ENCODING_FORMATS = ("float", "base64")  # /v1/embeddings' encoding_format
+
+
+def embeddings_args(body: dict, n_embd: int) -> tuple[Any, str]:
+    """(input, encoding_format) of a /v1/embeddings body; the input's shape is checked when it is
+    tokenized (embeddings.parse_input). `dimensions` is accepted only as the model's width: the
+    vectors cannot be shortened."""
+    if body.get("input") is None:
+        raise bad_request("'input' is required: a string, a list of strings, a list of token ids or a list of "
+                          "token-id lists", "input", "missing")
+    encoding = body.get("encoding_format")
+    if encoding is None:
+        encoding = "float"
+    if encoding not in ENCODING_FORMATS:
+        raise bad_request(f"'encoding_format' must be one of {', '.join(ENCODING_FORMATS)}, got {encoding!r}",
+                          "encoding_format", "invalid_value")
+    dimensions = _typed(body, "dimensions", (int,), "an integer")
+    if dimensions is not None and dimensions != n_embd:
+        raise bad_request(f"'dimensions' is {dimensions} but this model's embeddings have {n_embd} dimensions, "
+                          f"which cannot be changed; omit it or send {n_embd}", "dimensions", "unsupported_value")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request(f"'user' must be a string, not {type(user).__name__}", "user", "invalid_type")
+    return body["input"], encoding
 
 
 def from_invalid(e: InvalidRequestError) -> APIError:

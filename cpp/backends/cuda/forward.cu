@@ -302,7 +302,8 @@ int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
     const KvCache& kv = *st.kv;
     const int64_t n_used = kv.used_end();
     if (n_used > c.n_ctx) throw Error("gpu_forward: the KV cache has more cells than the device cache");
-    const int64_t n_out = g.output ? st.n_out : 0;
+    const bool embd = st.embd != nullptr;  // embeddings: x comes back, the CPU norms it, no head
+    const int64_t n_out = g.output && !embd ? st.n_out : 0;
     const bool one_pass_head = n_out > 0 && n_out <= c.logits_rows;
     const bool graph = c.graphs.enabled() && n <= kMaxGraphTokens && (n_out == 0 || one_pass_head);
 
@@ -327,7 +328,7 @@ int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st) {
     const uint64_t key = static_cast<uint64_t>(n) << 32 | static_cast<uint64_t>(n_out);
     if (!(graph && c.graphs.run(key, c.stream->get(), [&] { enqueue(c.n_ctx); }))) enqueue(n_used);
 
-    if (!g.output) {
+    if (!g.output || embd) {
         copy_back(st.x, c.x, sizeof(float) * n * hp.n_embd, "GPU layers (copying the activations back)");
     } else if (one_pass_head) {
         copy_back(st.logits, c.logits, sizeof(float) * n_out * hp.n_vocab,

@@ -6,10 +6,14 @@
 // decode() takes tokens of one or more sequences (each token has its own position and sequence
 // id), validates the whole batch before touching any state, then runs it in chunks of n_batch
 // tokens. Positions of a sequence must increase past what the cache already holds for it.
+//
+// embed() is the embeddings mode: the same forward, but the output rows are the final hidden state
+// after output_norm (the vector the LM head multiplies) and the head itself is never run.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bonsai/kv_cache.h"
@@ -67,6 +71,25 @@ struct ContextMemory {
     uint64_t gpu_allocated_bytes = 0;  // gpu_kv + gpu_recurrent + gpu_compute + gpu_logits
 };
 
+// How embed() pools the per-token hidden states; the values of llama.cpp's <arch>.pooling_type key.
+enum class Pooling : int {
+    NONE = 0,  // one vector per token
+    MEAN = 1,  // the mean over the tokens
+    CLS = 2,   // the first token's
+    LAST = 3,  // the last token's
+    RANK = 4,  // a reranker's score head: not supported (refused)
+};
+
+// The file's <arch>.pooling_type, NONE when the key is absent (llama.cpp's default for a model that
+// does not declare one). Throws for a value outside 0..4.
+Pooling model_pooling(const Model& model);
+// "none", "mean", "cls", "last", "rank"; and back (throws naming the accepted names).
+const char* pooling_name(Pooling p);
+Pooling parse_pooling(const std::string& name);
+// Pools n rows of width n_embd (row-major) into out: NONE copies all n rows, MEAN / CLS / LAST
+// give one row. Throws for RANK and for n == 0.
+void pool_rows(const float* rows, int64_t n, int64_t n_embd, Pooling pooling, std::vector<float>& out);
+
 class GpuContext;
 
 class Context {
@@ -82,6 +105,12 @@ public:
     // (-1 = the last flagged token). Throws if the token was not flagged.
     const float* logits(int32_t i) const;
     int64_t n_outputs() const { return n_outputs_; }
+    // Embeddings of one input: its tokens run as sequence seq at positions 0..n-1 and the rows are
+    // the hidden states after output_norm, pooled by `pooling` ([n, n_embd] for NONE, else
+    // [1, n_embd]); the LM head is skipped. seq must be empty and is emptied again afterwards, also
+    // when the call fails, so the KV cells and recurrent state of every other sequence are
+    // untouched. The last batch's logits are gone afterwards (n_outputs() == 0).
+    std::vector<float> embed(const std::vector<int32_t>& tokens, int seq, Pooling pooling);
     // All output rows of the last batch, in batch order: [n_outputs, n_vocab].
     const float* all_logits() const { return logits_.data(); }
 
@@ -121,8 +150,11 @@ public:
 
 private:
     void check_seq(int seq, const char* what) const;
+    // decode(), writing width floats per flagged token into out: the logits (n_vocab) or, with
+    // embeddings, the normed hidden state (n_embd) without the head.
+    void decode_rows(const Batch& batch, bool embeddings, std::vector<float>& out);
     void decode_chunk(const Batch& batch, size_t begin, size_t end, const std::vector<int32_t>& cells,
-                      const std::vector<uint8_t>& want, int64_t first_out);
+                      const std::vector<uint8_t>& want, int64_t first_out, float* embd);
     void check_recurrent_rm(int seq, int32_t p0, int32_t p1) const;
     void apply_recurrent_rm(int seq, int32_t p0, int32_t p1);
     // RecurrentState's operations on the host state and, with offloaded GDN layers, on the
@@ -141,6 +173,7 @@ private:
     std::vector<float> compute_;
     size_t attn_scratch_per_thread_ = 0;
     std::vector<float> logits_;
+    std::vector<float> embd_;  // embed(): the output rows before pooling [n_out, n_embd]
     std::vector<int32_t> out_index_;  // batch index -> output row, -1 if not flagged
     int64_t n_outputs_ = 0;
     std::shared_ptr<GpuContext> gpu_;  // device KV + buffers when the model has GPU layers

@@ -32,6 +32,7 @@ struct ForwardState {
     int64_t n_out = 0;
     const int32_t* out_rows = nullptr;  // [n_out] chunk rows whose logits are wanted
     float* logits = nullptr;            // [n_out, n_vocab]
+    float* embd = nullptr;              // embeddings mode (set: logits is null): [n_out, n_embd] normed x, no head
 
     KvCache* kv = nullptr;
     ThreadPool* pool = nullptr;
@@ -99,7 +100,8 @@ void matmul_group(const WeightView* const* ws, const Rotation* const* rs, float*
 void matmul_one(const WeightView& w, const Rotation& r, float* x, int64_t n_tokens, float* y, ForwardState& st);
 // x += w_down * (silu(w_gate * h) * (w_up * h)) with h = rms_norm(x) * ffn_norm.
 void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st);
-// logits of the requested rows: output * rms_norm(x) * output_norm.
+// logits of the requested rows: output * rms_norm(x) * output_norm; in embeddings mode (st.embd)
+// only rms_norm(x) * output_norm of those rows, into st.embd, and the head is skipped.
 void output_logits(const Model& m, ForwardState& st);
 
 }  // namespace bonsai

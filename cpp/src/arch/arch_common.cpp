@@ -170,10 +170,13 @@ void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st) {
 void output_logits(const Model& m, ForwardState& st) {
     if (st.n_out == 0) return;
     const Hparams& hp = m.hparams();
+    // embeddings: the normed rows are the result (st.cur may not exist: all layers on the GPU)
+    float* normed = st.embd ? st.embd : st.cur;
     for (int64_t i = 0; i < st.n_out; ++i) {
         rms_norm(st.x + static_cast<int64_t>(st.out_rows[i]) * hp.n_embd, m.output_norm().data(), 1,
-                 hp.n_embd, hp.rms_eps, st.cur + i * hp.n_embd);
+                 hp.n_embd, hp.rms_eps, normed + i * hp.n_embd);
     }
+    if (st.embd) return;
     matmul_one(m.output(), m.output_rotation(), st.cur, st.n_out, st.logits, st);
 }
 

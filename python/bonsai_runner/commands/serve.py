@@ -1,8 +1,8 @@
 """Serve a model over an OpenAI-compatible HTTP API.
 
 Routes: /v1/completions, /v1/chat/completions (streaming with server-sent events, logprobs),
-/v1/models, /v1/models/{id}, /health, /metrics (Prometheus), and llama-server's /tokenize,
-/detokenize, /props and /slots. --parallel sequences are decoded together in one batch
+/v1/embeddings, /v1/models, /v1/models/{id}, /health, /metrics (Prometheus), and llama-server's
+/tokenize, /detokenize, /props and /slots. --parallel sequences are decoded together in one batch
 (continuous batching); each has --ctx-size tokens of KV cache (prompt + completion). Requests
 beyond --parallel wait in a queue of --queue-limit; when it is full the server answers 429 with a
 Retry-After header. --cors-origins allows browsers on other origins; an access log line per request
@@ -116,6 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-type-k", choices=("f16", "q8_0"), default="f16", help="K cache type (default: f16)")
     p.add_argument("--cache-type-v", choices=("f16", "q8_0"), default="f16", help="V cache type (default: f16)")
     p.add_argument("--flash-attn", action="store_true", help="one-pass (online-softmax) attention")
+    p.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
+                   help="how /v1/embeddings pools the token vectors (default: the file's pooling_type; a generative "
+                   "model has none, which /v1/embeddings refuses, as llama-server: pass last, mean or cls)")
     p.add_argument("--alias", default=None, help="model id reported by /v1/models (default: the file name)")
     p.add_argument("--verbose", action="store_true", help="print the engine's load report")
     p.add_argument("--max-body", type=_size, default=4 << 20,
@@ -182,7 +185,8 @@ def _start(args: argparse.Namespace):
                                queue_limit=args.queue_limit, chat_template=template, model_alias=args.alias,
                                n_gpu_layers=args.n_gpu_layers, type_k=args.cache_type_k, type_v=args.cache_type_v,
                                flash_attn=args.flash_attn, verbose=args.verbose,
-                               fault_injection=args.debug_fault_injection, stall_timeout=args.stall_timeout)
+                               fault_injection=args.debug_fault_injection, stall_timeout=args.stall_timeout,
+                               pooling=args.pooling)
     except BaseException:
         sock.close()
         raise

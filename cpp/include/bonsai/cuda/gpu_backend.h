@@ -63,7 +63,8 @@ GpuContextMemory gpu_context_memory(const GpuContext& c);
 // Runs one batch chunk's offloaded layers on the context's stream: uploads st.x (embeddings), the
 // rope table and the token / cell metadata (through pinned staging), runs layers [0, n_gpu), then
 // either copies x back (CPU layers follow) or runs the output head and copies the wanted logits
-// into st.logits. With ContextParams::cuda_graph, chunks of up to 64 tokens replay one captured
+// into st.logits (in embeddings mode, st.embd set, it copies x back instead and skips the head).
+// With ContextParams::cuda_graph, chunks of up to 64 tokens replay one captured
 // CUDA graph per (n_tokens, n_out) shape (bit-identical to plain launches). Returns n_gpu.
 int64_t gpu_forward(const Model& m, GpuContext& c, ForwardState& st);
 
