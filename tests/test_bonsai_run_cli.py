@@ -209,7 +209,7 @@ def test_chat_turns_match_jinja(tmp_path, family, template, name, system):
     model = _write(tmp_path / f"{family}.gguf", template)
     sys_args = ("-sys", "You are terse.") if system else ()
     p = _run("-m", model, "-i", *sys_args, "-n", "3", "--ignore-eos", "--verbose-prompt", *COMMON,
-             stdin=b"Hello there\nAnd now?\n")
+             stdin=b"  Hello there \nAnd now?\n")
     assert p.returncode == 0, p.stderr
     assert f"chat mode ({name} turns)" in p.stderr
     assert "not one of the formats" not in p.stderr
@@ -217,7 +217,7 @@ def test_chat_turns_match_jinja(tmp_path, family, template, name, system):
     assert len(blocks) == 4, p.stderr  # turn 1, end of reply 1, turn 2, end of reply 2
 
     history = [{"role": "system", "content": "You are terse."}] if system else []
-    history.append({"role": "user", "content": "Hello there"})
+    history.append({"role": "user", "content": "  Hello there "})  # the templates that trim do so
     first = _jinja(template, history, True)
     assert blocks[0][1] == first
 

@@ -1,7 +1,7 @@
 // Chat formats of bonsai_run's interactive mode (see bonsai/chat_format.h).
 //
 // Each family's renderer mirrors its reference Jinja template, including the details that change
-// the text: which fields are trimmed (Llama 3, Gemma: `| trim`; Llama 2: `.strip()`), where BOS
+// the text: which fields are trimmed (Llama 3, Gemma, Qwen 3.5: `| trim`; Llama 2: `.strip()`), where BOS
 // goes (once at the start, or before every [INST] in Llama 2), where the system prompt goes (its
 // own turn, merged into the first user turn, or refused), and what follows the last message
 // (Phi-3 ends a conversation without a generation prompt with EOS).
@@ -86,7 +86,8 @@ std::string render(const ChatFormat& f, const std::vector<ChatMessage>& msgs, Re
         case ChatFamily::CHATML: {
             if (!has_system && !f.default_system.empty())
                 out += "<|im_start|>system\n" + f.default_system + "<|im_end|>\n";
-            for (const ChatMessage& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+            for (const ChatMessage& m : msgs)
+                out += "<|im_start|>" + m.role + "\n" + (f.trims_content ? trim(m.content) : m.content) + "<|im_end|>\n";
             if (gen) out += f.opens_think ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n";
             break;
         }
@@ -202,6 +203,9 @@ ChatFormat detect_chat_format(const std::string& t, const std::string& bos, cons
         f.family = ChatFamily::CHATML;
         f.default_system = chatml_default_system(t);
         f.opens_think = contains(t, "'<think>\\n'");
+        // the content filtered by trim: `text_of(message.content)|trim`, `message.content | trim`
+        f.trims_content = contains(t, "content)|trim") || contains(t, "content) | trim") ||
+                          contains(t, "content|trim") || contains(t, "content | trim");
     } else if (contains(t, "<|start_header_id|>") && contains(t, "<|end_header_id|>")) {
         f.family = ChatFamily::LLAMA3;
     } else if (contains(t, "<start_of_turn>")) {

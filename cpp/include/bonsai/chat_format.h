@@ -34,6 +34,7 @@ struct ChatFormat {
     bool system_role = true;        // false: the template refuses a system message (Gemma 1/2, Mistral)
     std::string default_system;     // ChatML: the system turn the template adds when there is none (Qwen 2/2.5)
     bool opens_think = false;       // ChatML: the generation prompt opens "<think>\n" (Qwen 3.5)
+    bool trims_content = false;     // ChatML: message texts pass through `| trim` (Qwen 3.5)
     bool vicuna_system_tag = false; // Vicuna: the system text is prefixed "SYSTEM: " (Orca-Vicuna)
     std::string bos;                // text of the BOS / EOS tokens, as the template's bos_token / eos_token
     std::string eos;
