@@ -47,6 +47,38 @@ LLAMA3 = (r"{% set loop_messages = messages %}{% for message in loop_messages %}
           r"{{ content }}{% endfor %}{% if add_generation_prompt %}"
           r"{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
 
+# Llama 3.1 / 3.2 without their tool-calling branches (the text is the same when no tools are given)
+LLAMA31 = r"""{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+LLAMA32 = LLAMA31.replace(
+    '    {%- set date_string = "26 Jul 2024" %}',
+    '    {%- if strftime_now is defined %}\n'
+    '        {%- set date_string = strftime_now("%d %b %Y") %}\n'
+    '    {%- else %}\n'
+    '        {%- set date_string = "26 Jul 2024" %}\n'
+    '    {%- endif %}')
+
 LLAMA2 = (r"{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
           r"{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
           r"{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
@@ -127,6 +159,19 @@ DEEPSEEK2 = (r"{% if not add_generation_prompt is defined %}{% set add_generatio
              r"{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
              r"{{ 'Assistant:' }}{% endif %}")
 
+# DeepSeek R1 without its tool-calling branches; V3 the same without the open <think>
+DEEPSEEK_R1 = ("{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"
+               "{% set ns = namespace(system_prompt='') %}{%- for message in messages %}"
+               "{%- if message['role'] == 'system' %}{% set ns.system_prompt = message['content'] %}{%- endif %}"
+               "{%- endfor %}{{ bos_token }}{{ ns.system_prompt }}{%- for message in messages %}"
+               "{%- if message['role'] == 'user' %}{{'<｜User｜>' + message['content']}}{%- endif %}"
+               "{%- if message['role'] == 'assistant' and message['content'] is not none %}"
+               "{% set content = message['content'] %}{% if '</think>' in content %}"
+               "{% set content = content.split('</think>')[-1] %}{% endif %}"
+               "{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}{%- endif %}{%- endfor -%}"
+               "{% if add_generation_prompt %}{{'<｜Assistant｜><think>\\n'}}{% endif %}")
+DEEPSEEK_V3 = DEEPSEEK_R1.replace("<｜Assistant｜><think>\\n", "<｜Assistant｜>")
+
 VICUNA = (r"{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] + '\n\n' }}"
           r"{% elif message['role'] == 'user' %}{{ 'USER: ' + message['content'] + '\n' }}"
           r"{% elif message['role'] == 'assistant' %}{{ 'ASSISTANT: ' + message['content'] + '</s>\n' }}"
@@ -139,6 +184,8 @@ FAMILIES = [
     ("qwen2", QWEN2, "ChatML", True),
     ("qwen35", QWEN35_CHAT_TEMPLATE, "ChatML", True),
     ("llama3", LLAMA3, "Llama 3", True),
+    ("llama31", LLAMA31, "Llama 3", True),
+    ("llama32", LLAMA32, "Llama 3", True),
     ("llama2", LLAMA2, "Llama 2", True),
     ("mistral", MISTRAL, "Mistral", False),
     ("gemma", GEMMA, "Gemma", False),
@@ -146,6 +193,8 @@ FAMILIES = [
     ("phi3", PHI3, "Phi-3", True),
     ("zephyr", ZEPHYR, "Zephyr", True),
     ("deepseek2", DEEPSEEK2, "DeepSeek 2", True),
+    ("deepseek_r1", DEEPSEEK_R1, "DeepSeek 3", True),
+    ("deepseek_v3", DEEPSEEK_V3, "DeepSeek 3", True),
     ("vicuna", VICUNA, "Vicuna", True),
     ("vicuna_orca", VICUNA_ORCA, "Vicuna", True),
 ]
@@ -226,7 +275,7 @@ def test_chat_turns_match_jinja(tmp_path, family, template, name, system):
     reply = "Sure thing."
     second = _jinja(template, history + [{"role": "assistant", "content": reply},
                                          {"role": "user", "content": "And now?"}], True)
-    if family != "qwen35":  # Qwen 3.5 re-renders earlier replies without the <think> the prompt opened
+    if not first.endswith("<think>\n"):  # Qwen 3.5, R1 re-render earlier replies without the open <think>
         assert second.startswith(first)
     at = second.index(reply) + len(reply)
     assert blocks[1][1] + blocks[2][1] == second[at:]
@@ -308,6 +357,17 @@ def test_prompt_file_is_escaped_too(plain_model, tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(b"ab\tabc")
     assert _run("-m", plain_model, "-f", f, "--no-escape", "-n", "1", *COMMON).stdout.startswith(b"ab\\tabc")
+
+
+def test_typed_chat_lines_are_escaped_the_system_prompt_is_not(tmp_path):
+    model = _write(tmp_path / "chatml.gguf", QWEN2)
+    args = ("-m", model, "-i", "-sys", "S\\n", "-n", "1", "--verbose-prompt", *COMMON)
+    p = _run(*args, stdin=b"a\\tb\\x41\n")
+    assert p.returncode == 0, p.stderr
+    assert _blocks(p.stderr)[0][1] == _jinja(QWEN2, [{"role": "system", "content": "S\\n"},
+                                                     {"role": "user", "content": "a\tbA"}], True)
+    raw = _run(*args, "--no-escape", stdin=b"a\\tb\\x41\n")
+    assert "<|im_start|>user\na\\tb\\x41<|im_end|>" in _blocks(raw.stderr)[0][1]
 
 
 # ----- --version -----

@@ -7,6 +7,7 @@
 // (Phi-3 ends a conversation without a generation prompt with EOS).
 #include "bonsai/chat_format.h"
 
+#include <ctime>
 #include <utility>
 
 #include "bonsai/error.h"
@@ -48,6 +49,31 @@ std::string chatml_default_system(const std::string& tmpl) {
         return text;
     }
     return "";
+}
+
+// The text of a string literal in the template that follows `key` (e.g. `date_string = "`), up to
+// the closing quote or an escaped newline; "" when absent.
+std::string literal_after(const std::string& tmpl, const std::string& key) {
+    const size_t at = tmpl.find(key);
+    if (at == std::string::npos) return "";
+    const size_t start = at + key.size();
+    size_t end = start;
+    while (end < tmpl.size() && tmpl[end] != '"' && tmpl[end] != '\'' && tmpl.compare(end, 2, "\\n") != 0) ++end;
+    return tmpl.substr(start, end - start);
+}
+
+// Llama 3.2+ date the system header with strftime_now("%d %b %Y") (the local date, as
+// Transformers' strftime_now gives it); 3.1 with the template's default date_string.
+std::string llama3_today(const std::string& tmpl) {
+    const std::string fmt = literal_after(tmpl, "strftime_now(\"");
+    if (!fmt.empty()) {
+        const std::time_t now = std::time(nullptr);
+        std::tm local{};
+        localtime_r(&now, &local);
+        char buf[64];
+        if (std::strftime(buf, sizeof buf, fmt.c_str(), &local) > 0) return buf;
+    }
+    return literal_after(tmpl, "date_string = \"");
 }
 
 enum class RenderMode {
@@ -93,8 +119,14 @@ std::string render(const ChatFormat& f, const std::vector<ChatMessage>& msgs, Re
         }
         case ChatFamily::LLAMA3: {
             out += f.bos;
-            for (const ChatMessage& m : msgs)
-                out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+            if (!f.knowledge_date.empty()) {
+                // 3.1+: a system turn always, dated, the system prompt (trimmed) after the dates
+                out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: " + f.knowledge_date +
+                       "\nToday Date: " + f.today + "\n\n" + trim(system) + "<|eot_id|>";
+            }
+            for (size_t i = f.knowledge_date.empty() ? 0 : first; i < msgs.size(); ++i)
+                out += "<|start_header_id|>" + msgs[i].role + "<|end_header_id|>\n\n" + trim(msgs[i].content) +
+                       "<|eot_id|>";
             if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
             break;
         }
@@ -150,6 +182,23 @@ std::string render(const ChatFormat& f, const std::vector<ChatMessage>& msgs, Re
             if (gen) out += "Assistant:";
             break;
         }
+        case ChatFamily::DEEPSEEK3: {
+            // R1 keeps only the answer of earlier replies: the text after the last </think>
+            out += f.bos + system;
+            for (size_t i = first; i < msgs.size(); ++i) {
+                const ChatMessage& m = msgs[i];
+                if (m.role == "user") {
+                    out += "<\uFF5CUser\uFF5C>" + m.content;
+                } else {
+                    const size_t think_end = m.content.rfind("</think>");
+                    out += "<\uFF5CAssistant\uFF5C>" +
+                           (think_end == std::string::npos ? m.content : m.content.substr(think_end + 8)) +
+                           "<\uFF5Cend\u2581of\u2581sentence\uFF5C>";
+                }
+            }
+            if (gen) out += f.opens_think ? "<\uFF5CAssistant\uFF5C><think>\n" : "<\uFF5CAssistant\uFF5C>";
+            break;
+        }
         case ChatFamily::VICUNA: {
             for (const ChatMessage& m : msgs) {
                 if (m.role == "system") out += f.vicuna_system_tag ? "SYSTEM: " + m.content + "\n" : m.content + "\n\n";
@@ -187,6 +236,7 @@ const char* ChatFormat::name() const {
         case ChatFamily::PHI3: return "Phi-3";
         case ChatFamily::ZEPHYR: return "Zephyr";
         case ChatFamily::DEEPSEEK2: return "DeepSeek 2";
+        case ChatFamily::DEEPSEEK3: return "DeepSeek 3";
         case ChatFamily::VICUNA: return "Vicuna";
         case ChatFamily::PLAIN: break;
     }
@@ -194,9 +244,10 @@ const char* ChatFormat::name() const {
 }
 
 ChatFormat detect_chat_format(const std::string& t, const std::string& bos, const std::string& eos) {
-    ChatFormat f;
-    f.bos = bos;
-    f.eos = eos;
+    ChatFormat plain;
+    plain.bos = bos;
+    plain.eos = eos;
+    ChatFormat f = plain;
     if (t.empty()) return f;
     if (contains(t, "<|im_start|>")) {
         if (contains(t, "<|im_sep|>")) return f;  // Phi-4: <|im_start|> turns but another layout
@@ -208,6 +259,11 @@ ChatFormat detect_chat_format(const std::string& t, const std::string& bos, cons
                           contains(t, "content|trim") || contains(t, "content | trim");
     } else if (contains(t, "<|start_header_id|>") && contains(t, "<|end_header_id|>")) {
         f.family = ChatFamily::LLAMA3;
+        f.knowledge_date = literal_after(t, "Cutting Knowledge Date: ");
+        if (!f.knowledge_date.empty()) {
+            f.today = llama3_today(t);
+            if (f.today.empty()) f = plain;  // no date to put in the header
+        }
     } else if (contains(t, "<start_of_turn>")) {
         f.family = ChatFamily::GEMMA;
         f.system_role = !contains(t, "System role not supported");
@@ -224,6 +280,9 @@ ChatFormat detect_chat_format(const std::string& t, const std::string& bos, cons
         f.family = ChatFamily::PHI3;
     } else if (contains(t, "<|user|>") && contains(t, "<|assistant|>")) {
         f.family = ChatFamily::ZEPHYR;
+    } else if (contains(t, "<\uFF5CUser\uFF5C>") && contains(t, "<\uFF5CAssistant\uFF5C>")) {
+        f.family = ChatFamily::DEEPSEEK3;
+        f.opens_think = contains(t, "<\uFF5CAssistant\uFF5C><think>\\n");
     } else if (contains(t, "'Assistant: ' + message['content'] + eos_token")) {
         f.family = ChatFamily::DEEPSEEK2;
     } else if (contains(t, "USER: ") && contains(t, "ASSISTANT: ")) {

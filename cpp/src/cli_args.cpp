@@ -127,9 +127,10 @@ std::vector<Flag> make_flags(RunOptions& o) {
              o.reverse_prompts.push_back(v);
          },
          nullptr},
-        {{"-e", "--escape"}, "", "process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in -p, -f and -r (default on)",
+        {{"-e", "--escape"}, "", "process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in -p, -f, -r and typed chat "
+         "lines (default on)",
          nullptr, on(o.escape)},
-        {{"--no-escape"}, "", "take -p, -f and -r text literally", nullptr, [&o](bool b) { o.escape = !b; }},
+        {{"--no-escape"}, "", "take -p, -f, -r and chat text literally", nullptr, [&o](bool b) { o.escape = !b; }},
         {{"--ignore-eos"}, "", "do not stop at end-of-generation tokens; they are never sampled", nullptr,
          on(o.ignore_eos)},
         {{"--verbose-prompt"}, "", "print every prompt text the model evaluates (chat turns included) to stderr",

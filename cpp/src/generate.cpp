@@ -304,6 +304,7 @@ void run_chat(Runner& r, const Vocab& v, const RunOptions& o, ChatSession& chat,
             std::fflush(stderr);
             if (!std::getline(std::cin, line) || line == "/exit") break;
             if (line.empty()) continue;
+            if (o.escape) line = process_escapes(line);  // typed lines too, as llama-cli does
         }
         have_line = false;
         const float* logits = r.feed_text(chat.add_user(line));

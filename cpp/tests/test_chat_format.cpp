@@ -61,6 +61,25 @@ void test_chatml_variants() {
     CHECK(render_chat(qwen35, {{"user", "hi"}}, true) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n");
 }
 
+void test_llama3_and_deepseek3_variants() {
+    const std::string l31 = "<|start_header_id|><|end_header_id|> {%- set date_string = \"26 Jul 2024\" %} "
+                            "{{- \"Cutting Knowledge Date: December 2023\\n\" }}";
+    const ChatFormat f31 = detect(l31);
+    CHECK(f31.family == ChatFamily::LLAMA3 && f31.knowledge_date == "December 2023" && f31.today == "26 Jul 2024");
+    CHECK(render_chat(f31, {{"user", "a"}}, false) ==
+          "<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: "
+          "26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\na<|eot_id|>");
+    const ChatFormat f32 = detect(l31 + " strftime_now(\"%Y\")");
+    CHECK(f32.today.size() == 4 && f32.today != "26 Jul 2024");  // this year, as strftime_now gives it
+    CHECK(detect("<|start_header_id|><|end_header_id|>").knowledge_date.empty());  // Llama 3.0
+
+    const ChatFormat r1 = detect("<\uFF5CUser\uFF5C> {{'<\uFF5CAssistant\uFF5C><think>\\n'}}");
+    CHECK(r1.family == ChatFamily::DEEPSEEK3 && r1.opens_think);
+    CHECK(!detect("<\uFF5CUser\uFF5C> <\uFF5CAssistant\uFF5C>").opens_think);
+    CHECK(render_chat(r1, {{"system", "S"}, {"user", "a"}, {"assistant", "<think>\nhm\n</think>\n\nok"}}, false) ==
+          "<s>S<\uFF5CUser\uFF5C>a<\uFF5CAssistant\uFF5C>\n\nok<\uFF5Cend\u2581of\u2581sentence\uFF5C>");
+}
+
 void test_session_increments() {
     ChatSession chatml(detect("<|im_start|>"));
     chatml.set_system("S");
@@ -118,6 +137,7 @@ void test_errors() {
 int main() {
     test_detect();
     test_chatml_variants();
+    test_llama3_and_deepseek3_variants();
     test_session_increments();
     test_errors();
     if (g_failures) {

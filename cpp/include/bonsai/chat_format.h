@@ -4,10 +4,11 @@
 // searched for the markers that identify the common families, as llama.cpp's built-in chat formats
 // do, and each family is rendered by code that reproduces what the family's reference template
 // renders with Jinja (tests/test_bonsai_run_cli.py checks each against jinja2):
-//   ChatML (`<|im_start|>`: Qwen 2 / 2.5 / 3 / 3.5, many others), Llama 3 (`<|start_header_id|>`),
-//   Llama 2 (`[INST]` with `<<SYS>>`), Mistral (`[INST]` without), Gemma (`<start_of_turn>`),
-//   Phi-3 (`<|user|>` + `<|end|>`), Zephyr (`<|user|>` + `<|assistant|>`), DeepSeek 2
-//   (`'Assistant: ' + message['content'] + eos_token`), Vicuna (`USER: ` + `ASSISTANT: `).
+//   ChatML (`<|im_start|>`: Qwen 2 / 2.5 / 3 / 3.5, many others), Llama 3 (`<|start_header_id|>`;
+//   3.1+ with their "Cutting Knowledge Date" system header), Llama 2 (`[INST]` with `<<SYS>>`),
+//   Mistral (`[INST]` without), Gemma (`<start_of_turn>`), Phi-3 (`<|user|>` + `<|end|>`), Zephyr
+//   (`<|user|>` + `<|assistant|>`), DeepSeek 2 (`'Assistant: ' + message['content'] + eos_token`),
+//   DeepSeek 3 / R1 (`<｜User｜>` + `<｜Assistant｜>`), Vicuna (`USER: ` + `ASSISTANT: `).
 // A template that matches none of them (or no template) gives ChatFamily::PLAIN: "User: ..." /
 // "Assistant:" turns; the caller says so once.
 //
@@ -21,7 +22,7 @@
 namespace bonsai {
 
 enum class ChatFamily {
-    PLAIN, CHATML, LLAMA3, LLAMA2, MISTRAL, GEMMA, PHI3, ZEPHYR, DEEPSEEK2, VICUNA,
+    PLAIN, CHATML, LLAMA3, LLAMA2, MISTRAL, GEMMA, PHI3, ZEPHYR, DEEPSEEK2, DEEPSEEK3, VICUNA,
 };
 
 struct ChatMessage {
@@ -33,9 +34,11 @@ struct ChatFormat {
     ChatFamily family = ChatFamily::PLAIN;
     bool system_role = true;        // false: the template refuses a system message (Gemma 1/2, Mistral)
     std::string default_system;     // ChatML: the system turn the template adds when there is none (Qwen 2/2.5)
-    bool opens_think = false;       // ChatML: the generation prompt opens "<think>\n" (Qwen 3.5)
+    bool opens_think = false;       // ChatML, DeepSeek 3: the generation prompt opens "<think>\n" (Qwen 3.5, R1)
     bool trims_content = false;     // ChatML: message texts pass through `| trim` (Qwen 3.5)
     bool vicuna_system_tag = false; // Vicuna: the system text is prefixed "SYSTEM: " (Orca-Vicuna)
+    std::string knowledge_date;     // Llama 3.1+: the system header's "Cutting Knowledge Date" ("" = 3.0)
+    std::string today;              // Llama 3.1+: its "Today Date" (strftime_now's when the template calls it)
     std::string bos;                // text of the BOS / EOS tokens, as the template's bos_token / eos_token
     std::string eos;
 

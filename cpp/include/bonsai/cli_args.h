@@ -27,7 +27,7 @@ struct RunOptions {
     bool interactive = false;     // -i, -cnv, --interactive: chat mode (the file's chat template)
     std::string system_prompt;    // -sys, --system-prompt: the chat's system message (-i only)
     bool verbose_prompt = false;  // --verbose-prompt: print each evaluated prompt text to stderr
-    bool escape = true;           // -e / --no-escape: process \n, \t, \xNN, ... in -p, -f and -r
+    bool escape = true;           // -e / --no-escape: \n, \t, \xNN, ... in -p, -f, -r, chat lines
     std::vector<std::string> reverse_prompts;  // -r, --reverse-prompt (repeatable)
     bool ignore_eos = false;      // --ignore-eos: never stop at (and never sample) end-of-generation tokens
     bool inspect = false;         // --inspect: print the file summary and exit
