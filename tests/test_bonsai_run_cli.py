@@ -431,6 +431,16 @@ def test_ignore_eos_neither_stops_nor_samples_end_tokens(tmp_path, greedy):
     assert pieces[0] == greedy[0]
     assert greedy[1] not in pieces  # banned from sampling, not only ignored
 
+    f = tmp_path / "prompts.txt"
+    f.write_text(PROMPT + "\n" + PROMPT + "\n")
+    for flag, expected in (((), greedy[:1]), (("--ignore-eos",), pieces)):
+        par = _run("-m", model, "-f", f, "--parallel", "2", "-n", "8", *flag, *COMMON)
+        assert par.returncode == 0, par.stderr
+        lines = par.stdout.decode().splitlines()
+        assert len(lines) == 2
+        for line in lines:
+            assert _pieces(re.match(r"^\[\d\] (.*)$", line).group(1)[len(PROMPT):].encode()) == expected
+
 
 def test_reverse_prompt_stops_generation(plain_model, greedy):
     target = greedy[2]

@@ -1,10 +1,10 @@
 // Chat formats of bonsai_run's interactive mode (see bonsai/chat_format.h).
 //
 // Each family's renderer mirrors its reference Jinja template, including the details that change
-// the text: which fields are trimmed (Llama 3, Gemma, Qwen 3.5: `| trim`; Llama 2: `.strip()`), where BOS
-// goes (once at the start, or before every [INST] in Llama 2), where the system prompt goes (its
-// own turn, merged into the first user turn, or refused), and what follows the last message
-// (Phi-3 ends a conversation without a generation prompt with EOS).
+// the text: which fields are trimmed (Llama 3, Gemma, Qwen 3.5: `| trim`; Llama 2: `.strip()`),
+// where BOS goes (once at the start, or before every [INST] in Llama 2), where the system prompt
+// goes (its own turn, merged into the first user turn, or refused), and what follows the last
+// message (Phi-3 ends a conversation without a generation prompt with EOS).
 #include "bonsai/chat_format.h"
 
 #include <ctime>
@@ -58,7 +58,8 @@ std::string literal_after(const std::string& tmpl, const std::string& key) {
     if (at == std::string::npos) return "";
     const size_t start = at + key.size();
     size_t end = start;
-    while (end < tmpl.size() && tmpl[end] != '"' && tmpl[end] != '\'' && tmpl.compare(end, 2, "\\n") != 0) ++end;
+    while (end < tmpl.size() && tmpl[end] != '"' && tmpl[end] != '\'' && tmpl.compare(end, 2, "\\n") != 0)
+        ++end;
     return tmpl.substr(start, end - start);
 }
 
@@ -92,17 +93,13 @@ void check_role(const ChatMessage& m) {
         throw Error("chat message role '" + m.role + "' is not supported; use system, user or assistant");
 }
 
-// The system prompt (if the first message is one) and the rest of the conversation.
-std::pair<std::string, size_t> split_system(const std::vector<ChatMessage>& msgs, bool* has_system) {
-    *has_system = !msgs.empty() && msgs[0].role == "system";
-    return {*has_system ? msgs[0].content : std::string(), *has_system ? 1u : 0u};
-}
-
 std::string render(const ChatFormat& f, const std::vector<ChatMessage>& msgs, RenderMode mode) {
     for (const ChatMessage& m : msgs) check_role(m);
     const bool gen = mode == RenderMode::GENERATION;
-    bool has_system = false;
-    const auto [system, first] = split_system(msgs, &has_system);
+    // the system prompt, when the first message is one, and where the rest of the conversation starts
+    const bool has_system = !msgs.empty() && msgs[0].role == "system";
+    const std::string system = has_system ? msgs[0].content : "";
+    const size_t first = has_system ? 1 : 0;
     if (has_system && !f.system_role) no_system_role(f);
     for (size_t i = first; i < msgs.size(); ++i)
         if (msgs[i].role == "system")
@@ -112,8 +109,10 @@ std::string render(const ChatFormat& f, const std::vector<ChatMessage>& msgs, Re
         case ChatFamily::CHATML: {
             if (!has_system && !f.default_system.empty())
                 out += "<|im_start|>system\n" + f.default_system + "<|im_end|>\n";
-            for (const ChatMessage& m : msgs)
-                out += "<|im_start|>" + m.role + "\n" + (f.trims_content ? trim(m.content) : m.content) + "<|im_end|>\n";
+            for (const ChatMessage& m : msgs) {
+                const std::string text = f.trims_content ? trim(m.content) : m.content;
+                out += "<|im_start|>" + m.role + "\n" + text + "<|im_end|>\n";
+            }
             if (gen) out += f.opens_think ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n";
             break;
         }
@@ -121,8 +120,8 @@ std::string render(const ChatFormat& f, const std::vector<ChatMessage>& msgs, Re
             out += f.bos;
             if (!f.knowledge_date.empty()) {
                 // 3.1+: a system turn always, dated, the system prompt (trimmed) after the dates
-                out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: " + f.knowledge_date +
-                       "\nToday Date: " + f.today + "\n\n" + trim(system) + "<|eot_id|>";
+                out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: " +
+                       f.knowledge_date + "\nToday Date: " + f.today + "\n\n" + trim(system) + "<|eot_id|>";
             }
             for (size_t i = f.knowledge_date.empty() ? 0 : first; i < msgs.size(); ++i)
                 out += "<|start_header_id|>" + msgs[i].role + "<|end_header_id|>\n\n" + trim(msgs[i].content) +
@@ -201,7 +200,8 @@ std::string render(const ChatFormat& f, const std::vector<ChatMessage>& msgs, Re
         }
         case ChatFamily::VICUNA: {
             for (const ChatMessage& m : msgs) {
-                if (m.role == "system") out += f.vicuna_system_tag ? "SYSTEM: " + m.content + "\n" : m.content + "\n\n";
+                if (m.role == "system")
+                    out += f.vicuna_system_tag ? "SYSTEM: " + m.content + "\n" : m.content + "\n\n";
                 else if (m.role == "user") out += "USER: " + m.content + "\n";
                 else out += "ASSISTANT: " + m.content + "</s>\n";
             }
