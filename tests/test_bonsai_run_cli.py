@@ -471,6 +471,22 @@ def test_reverse_prompt_hands_the_turn_back_in_chat(tmp_path):
     assert blocks[2][1] == "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_chat_ends_cleanly_when_the_context_fills(tmp_path):
+    model = _write(tmp_path / "chatml.gguf", QWEN2)
+    p = _run("-m", model, "-i", "--ignore-eos", "-t", "1", "-c", "160", "--temp", "0", stdin=b"Hello\nAgain\n")
+    assert p.returncode == 0, p.stderr
+    assert "[context full after 160 tokens" in p.stderr
+    assert "error" not in p.stderr
+
+
+def test_verbose_prompt_with_parallel(plain_model, tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("ab abc\n\nabc ab\n")
+    p = _run("-m", plain_model, "-f", f, "--parallel", "2", "-n", "2", "--verbose-prompt", *COMMON)
+    assert p.returncode == 0, p.stderr
+    assert [text for _, text in _blocks(p.stderr)] == ["ab abc", "abc ab"]
+
+
 def test_reverse_prompt_with_parallel(plain_model, tmp_path, greedy):
     f = tmp_path / "prompts.txt"
     f.write_text(PROMPT + "\n" + PROMPT + "\n")

@@ -117,7 +117,7 @@ std::vector<Flag> make_flags(RunOptions& o) {
          },
          nullptr},
         {{"-i", "-cnv", "--conversation", "--interactive"}, "", "interactive chat in the format of the file's "
-         "chat template (ChatML, Llama 2/3, Mistral, Gemma, Phi-3, Zephyr, DeepSeek 2, Vicuna; plain "
+         "chat template (ChatML, Llama 2/3, Mistral, Gemma, Phi-3, Zephyr, DeepSeek 2/3, Vicuna; plain "
          "User:/Assistant: turns otherwise); -p/-f is the first user message", nullptr, on(o.interactive)},
         {{"-sys", "--system-prompt"}, "TEXT", "system message of the chat (-i)", str(o.system_prompt), nullptr},
         {{"-r", "--reverse-prompt"}, "TEXT", "stop when the output ends with TEXT: -i hands the turn back to "

@@ -113,6 +113,10 @@ const float* ban_tokens(const float* logits, int64_t n_vocab, const std::vector<
     return scratch.data();
 }
 
+void print_verbose_prompt(const std::string& text, size_t n_tokens) {
+    std::fprintf(stderr, "\n--- prompt (%zu tokens) ---\n%s\n--- end prompt ---\n", n_tokens, text.c_str());
+}
+
 bool hit_reverse_prompt(const std::string& text, size_t n_new, const std::vector<std::string>& prompts) {
     for (const std::string& r : prompts) {
         // an occurrence that ends after text.size() - n_new starts at or after this position
@@ -130,6 +134,7 @@ struct Reply {
     std::string text;
     int32_t eog = -1;            // the end-of-generation token that ended it, -1 = none
     bool reverse_prompt = false; // the output ended with a -r text
+    bool context_full = false;   // no room left in the context
 };
 
 class Runner {
@@ -146,9 +151,7 @@ public:
         std::vector<int32_t> toks = vocab_.tokenize(text, false, true);
         if (n_past_ == 0 && vocab_.add_bos() && vocab_.bos() >= 0 && (toks.empty() || toks[0] != vocab_.bos()))
             toks.insert(toks.begin(), vocab_.bos());
-        if (o_.verbose_prompt) {
-            std::fprintf(stderr, "\n--- prompt (%zu tokens) ---\n%s\n--- end prompt ---\n", toks.size(), text.c_str());
-        }
+        if (o_.verbose_prompt) print_verbose_prompt(text, toks.size());
         if (toks.empty()) return nullptr;
         return feed(toks, true);
     }
@@ -195,6 +198,7 @@ public:
             if (n_past_ >= ctx_.n_ctx()) {
                 std::fprintf(stderr, "\n[context full after %lld tokens; raise --ctx-size for longer output]\n",
                              static_cast<long long>(n_past_));
+                reply.context_full = true;
                 break;
             }
             logits = feed({tok}, false);
@@ -287,7 +291,7 @@ ChatFormat chat_format_of(const Model& m) {
     ChatFormat f = detect_chat_format(tmpl, bos, eos);
     if (f.family == ChatFamily::PLAIN) {
         std::fprintf(stderr, "note: the model's chat template is not one of the formats bonsai_run knows "
-                     "(ChatML, Llama 2/3, Mistral, Gemma, Phi-3, Zephyr, DeepSeek 2, Vicuna); the chat uses "
+                     "(ChatML, Llama 2/3, Mistral, Gemma, Phi-3, Zephyr, DeepSeek 2/3, Vicuna); the chat uses "
                      "plain User:/Assistant: turns\n");
     }
     return f;
@@ -310,6 +314,7 @@ void run_chat(Runner& r, const Vocab& v, const RunOptions& o, ChatSession& chat,
         const float* logits = r.feed_text(chat.add_user(line));
         if (logits == nullptr) throw Error("the chat turn tokenized to nothing");
         const Reply reply = r.generate(logits, o.n_predict);
+        if (reply.context_full) break;  // nothing more fits; the chat ends here
         const std::string eog_text = reply.eog >= 0 ? v.token_to_piece(reply.eog, true) : "";
         const std::string closing = chat.end_reply(reply.text, eog_text);
         if (!closing.empty()) r.feed_text(closing);
@@ -375,10 +380,7 @@ int run_generate(const RunOptions& o) {
         }
         std::fwrite(prompt.data(), 1, prompt.size(), stdout);
         std::fflush(stdout);
-        if (o.verbose_prompt) {
-            std::fprintf(stderr, "\n--- prompt (%zu tokens) ---\n%s\n--- end prompt ---\n", toks.size(),
-                         prompt.c_str());
-        }
+        if (o.verbose_prompt) print_verbose_prompt(prompt, toks.size());
         const float* logits = runner.feed(toks, true);
         runner.generate(logits, o.n_predict);
     }

@@ -33,6 +33,8 @@ const float* ban_tokens(const float* logits, int64_t n_vocab, const std::vector<
 // -r: whether `text`, whose last `n_new` bytes just arrived, now contains a reverse prompt that
 // ends inside those bytes (a piece may run past the reverse prompt, as in llama.cpp).
 bool hit_reverse_prompt(const std::string& text, size_t n_new, const std::vector<std::string>& prompts);
+// --verbose-prompt: a text about to be evaluated and its token count, between marker lines (stderr).
+void print_verbose_prompt(const std::string& text, size_t n_tokens);
 // The model line, per-layer table, memory of weights / KV cache / compute buffers, threads (stderr).
 void print_load_report(const Model& m, const Context& ctx, const RunOptions& o);
 

@@ -351,6 +351,7 @@ int run_generate_parallel(const RunOptions& o) {
                         std::to_string(seqs[i].tokens.size()) + " tokens but each slot holds " +
                         std::to_string(slot_ctx) + " (--ctx-size is per slot); raise --ctx-size or shorten it");
         }
+        if (o.verbose_prompt) print_verbose_prompt(seqs[i].text, seqs[i].tokens.size());
     }
     Context ctx(model, context_params_from(o, static_cast<int>(slot_ctx * n_slots), n_slots));
     const double load_ms = ms_between(t_load, Clock::now());
