@@ -132,8 +132,25 @@ std::vector<Flag> make_flags(RunOptions& o) {
              if (o.n_predict == 0) bad_value(f, v, expected);
          },
          nullptr},
-        {{"-i", "--interactive"}, "", "interactive chat (ChatML turns when the vocabulary has <|im_start|>, else plain turns)", nullptr,
-         on(o.interactive)},
+        {{"-i", "-cnv", "--conversation", "--interactive"}, "", "interactive chat in the format of the file's "
+         "chat template (ChatML, Llama 2/3, Mistral, Gemma, Phi-3, Zephyr, DeepSeek 2/3, Vicuna; plain "
+         "User:/Assistant: turns otherwise); -p/-f is the first user message", nullptr, on(o.interactive)},
+        {{"-sys", "--system-prompt"}, "TEXT", "system message of the chat (-i)", str(o.system_prompt), nullptr},
+        {{"-r", "--reverse-prompt"}, "TEXT", "stop when the output ends with TEXT: -i hands the turn back to "
+         "the user, otherwise generation ends there; repeatable",
+         [&o](S f, S v) {
+             if (v.empty()) bad_value(f, v, "a non-empty text");
+             o.reverse_prompts.push_back(v);
+         },
+         nullptr},
+        {{"-e", "--escape"}, "", "process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in -p, -f, -r and typed chat "
+         "lines (default on)",
+         nullptr, on(o.escape)},
+        {{"--no-escape"}, "", "take -p, -f, -r and chat text literally", nullptr, [&o](bool b) { o.escape = !b; }},
+        {{"--ignore-eos"}, "", "do not stop at end-of-generation tokens; they are never sampled", nullptr,
+         on(o.ignore_eos)},
+        {{"--verbose-prompt"}, "", "print every prompt text the model evaluates (chat turns included) to stderr",
+         nullptr, on(o.verbose_prompt)},
         {{"--inspect"}, "", "print the model's metadata, tensor table, per-type totals and bits "
          "per weight, then exit", nullptr, on(o.inspect)},
         {{"-c", "--ctx-size"}, "N", "context length in tokens; 0 = the model's training context (default 4096)",
@@ -188,6 +205,8 @@ std::vector<Flag> make_flags(RunOptions& o) {
         {{"-t", "--threads"}, "N", "CPU threads; 0 = one per hardware thread (default 0)",
          i32(o.threads, 0, 4096, "an integer from 0 to 4096"), nullptr},
         {{"-h", "--help"}, "", "show this help and exit", nullptr, on(o.help)},
+        {{"--version"}, "", "print the version and build (compiler, CPU features, CUDA) and exit", nullptr,
+         on(o.version)},
     };
 }
 
@@ -372,19 +391,60 @@ RunOptions parse_run_args(int argc, const char* const* argv) {
     if (!probe.config.empty()) apply_config(flags, probe.config);
     apply_args(flags, args);
 
-    if (o.help) return o;
+    if (o.help || o.version) return o;
     if (o.model.empty()) throw Error("--model is required (the GGUF file to run)");
     if (o.has_prompt && !o.prompt_file.empty())
         throw Error("-p/--prompt and -f/--file cannot be used together; give the prompt one way");
     if (o.interactive && o.inspect) throw Error("--interactive and --inspect cannot be used together");
+    if (!o.system_prompt.empty() && !o.interactive)
+        throw Error("-sys/--system-prompt is the system message of a chat; add -i (or put the text in the prompt)");
+    if (o.escape) {
+        o.prompt = process_escapes(o.prompt);
+        for (std::string& r : o.reverse_prompts) r = process_escapes(r);
+    }
     return o;
+}
+
+std::string process_escapes(const std::string& text) {
+    auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    std::string out;
+    out.reserve(text.size());
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (text[i] != '\\' || i + 1 == text.size()) {
+            out += text[i];
+            continue;
+        }
+        const char e = text[++i];
+        switch (e) {
+            case 'n': out += '\n'; break;
+            case 'r': out += '\r'; break;
+            case 't': out += '\t'; break;
+            case '\'': case '"': case '\\': out += e; break;
+            case 'x':
+                if (i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+                    out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+                    i += 2;
+                } else {
+                    out += "\\x";
+                }
+                break;
+            default: out += '\\'; out += e; break;
+        }
+    }
+    return out;
 }
 
 namespace {
 
 std::string synopsis(const std::string& prog) {
     return "usage: " + prog + " -m MODEL.gguf [-p PROMPT | -f FILE | -i] [options]\n"
-           "       " + prog + " -m MODEL.gguf --inspect\n";
+           "       " + prog + " -m MODEL.gguf --inspect\n"
+           "       " + prog + " --version\n";
 }
 
 constexpr size_t kHelpIndent = 30;
@@ -432,6 +492,7 @@ std::string run_help(const std::string& prog) {
     out += "\nexamples:\n"
            "  " + prog + " -m model.gguf -p \"Write a haiku about trees\" -n 64\n"
            "  " + prog + " -m model.gguf -i -c 8192 --temp 0.7 --top-p 0.9\n"
+           "  " + prog + " -m model.gguf -i -sys \"You are terse.\" -r \"User:\"\n"
            "  " + prog + " -m model.gguf -f prompt.txt -ngl 99 -fa -ctk q8_0 -ctv q8_0\n"
            "  " + prog + " -m model.gguf --inspect\n";
     return out;

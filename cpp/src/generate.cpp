@@ -5,22 +5,30 @@
 // the memory of weights / KV cache / compute buffers, then
 //   prompt mode: tokenize, prefill (the context runs it in --batch-size chunks), sample up to -n
 //     tokens, streaming each piece as soon as it completes a UTF-8 sequence, stop at end of text;
-//   chat mode (-i): read lines from stdin, wrap each as a ChatML turn when the vocabulary has
-//     <|im_start|> / <|im_end|> (plain "User:/Assistant:" turns otherwise), answer, repeat until
-//     EOF or "/exit". The cache keeps the whole conversation, so each turn only prefills its text.
+//   chat mode (-i): read lines from stdin, render each as a turn of the file's chat template
+//     (bonsai/chat_format.h; ChatML when the file has no template but the vocabulary has
+//     <|im_start|>, plain "User:/Assistant:" turns when the template is not recognised), answer,
+//     repeat until EOF or "/exit". The cache keeps the whole conversation, so each turn only
+//     prefills the text it adds (its user turn, the generation prompt, the end of the last reply).
+// A reply ends at an end-of-generation token (never with --ignore-eos, which also bans them from
+// sampling, as llama.cpp does), after -n tokens, at a full context, or when the output ends with a
+// reverse prompt (-r): chat mode then hands the turn back, prompt mode stops.
 // Timing: load, prompt (prefill) tokens/s and generation tokens/s are reported at the end.
 #include "bonsai/generate.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bonsai/chat_format.h"
 #include "bonsai/context.h"
 #include "bonsai/error.h"
+#include "bonsai/gguf.h"
 #include "bonsai/input_file.h"
 #include "bonsai/model.h"
 #include "bonsai/sampling.h"
@@ -88,22 +96,68 @@ SamplingParams sampling_from(const RunOptions& o) {
 
 // Token ids that end a generation: EOS plus the usual end-of-turn markers the vocabulary has.
 std::vector<int32_t> end_tokens(const Vocab& v) {
-    std::vector<int32_t> ids;
+    std::vector<int32_t> ids = v.eog_ids();  // EOS, EOT and the end-of-turn tokens of chat formats
     if (v.eos() >= 0) ids.push_back(v.eos());
     for (const char* t : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"}) {
         const int32_t id = v.find_token(t);
         if (id >= 0 && v.is_control(id)) ids.push_back(id);
     }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     return ids;
+}
+
+const float* ban_tokens(const float* logits, int64_t n_vocab, const std::vector<int32_t>& ids,
+                        std::vector<float>& scratch) {
+    if (ids.empty()) return logits;
+    scratch.assign(logits, logits + n_vocab);
+    for (int32_t id : ids)
+        if (id >= 0 && id < n_vocab) scratch[id] = -INFINITY;
+    return scratch.data();
+}
+
+void print_verbose_prompt(const std::string& text, size_t n_tokens) {
+    std::fprintf(stderr, "\n--- prompt (%zu tokens) ---\n%s\n--- end prompt ---\n", n_tokens, text.c_str());
+}
+
+bool hit_reverse_prompt(const std::string& text, size_t n_new, const std::vector<std::string>& prompts) {
+    for (const std::string& r : prompts) {
+        // an occurrence that ends after text.size() - n_new starts at or after this position
+        const size_t old_end = text.size() - std::min(n_new, text.size());
+        const size_t from = old_end + 1 > r.size() ? old_end + 1 - r.size() : 0;
+        if (text.find(r, from) != std::string::npos) return true;
+    }
+    return false;
 }
 
 namespace {
 
+// How a reply ended, and its text.
+struct Reply {
+    std::string text;
+    int32_t eog = -1;            // the end-of-generation token that ended it, -1 = none
+    bool reverse_prompt = false; // the output ended with a -r text
+    bool context_full = false;   // no room left in the context
+};
+
 class Runner {
 public:
-    Runner(std::shared_ptr<const Model> model, Context& ctx, Sampler& sampler, Timing& timing)
-        : model_(std::move(model)), ctx_(ctx), sampler_(sampler), timing_(timing),
-          vocab_(model_->vocab()), stops_(end_tokens(vocab_)) {}
+    Runner(std::shared_ptr<const Model> model, Context& ctx, Sampler& sampler, Timing& timing, const RunOptions& o)
+        : model_(std::move(model)), ctx_(ctx), sampler_(sampler), timing_(timing), o_(o),
+          vocab_(model_->vocab()), stops_(end_tokens(vocab_)) {
+        if (o.ignore_eos) banned_.swap(stops_);
+    }
+
+    // Tokenizes prompt text (special tokens parsed) and feeds it; `verbose_prompt` prints it first.
+    // BOS is added before the first text when the vocabulary wants one and the text has none.
+    const float* feed_text(const std::string& text) {
+        std::vector<int32_t> toks = vocab_.tokenize(text, false, true);
+        if (n_past_ == 0 && vocab_.add_bos() && vocab_.bos() >= 0 && (toks.empty() || toks[0] != vocab_.bos()))
+            toks.insert(toks.begin(), vocab_.bos());
+        if (o_.verbose_prompt) print_verbose_prompt(text, toks.size());
+        if (toks.empty()) return nullptr;
+        return feed(toks, true);
+    }
 
     // Feeds tokens at the end of the sequence; returns the logits of the last one.
     const float* feed(const std::vector<int32_t>& toks, bool is_prompt) {
@@ -126,37 +180,39 @@ public:
     }
 
     // Samples up to n_predict tokens (-1: until end of text or a full context), streaming them.
-    // Returns true when it stopped at an end-of-text token (which is then in the cache too).
-    bool generate(const float* logits, int64_t n_predict) {
+    // An end-of-generation token that ends the reply is in the cache too; so is a reverse prompt.
+    Reply generate(const float* logits, int64_t n_predict) {
         TokenStreamDecoder stream(vocab_);
         const int64_t n_vocab = model_->hparams().n_vocab;
-        bool ended = false;
+        Reply reply;
         for (int64_t i = 0; n_predict < 0 || i < n_predict; ++i) {
             const auto t0 = Clock::now();
-            const int32_t tok = sampler_.sample(logits, n_vocab);
+            const int32_t tok = sampler_.sample(ban_tokens(logits, n_vocab, banned_, scratch_), n_vocab);
             timing_.gen_ms += ms_since(t0);
             const bool stop = std::find(stops_.begin(), stops_.end(), tok) != stops_.end();
             if (!stop) {
                 const std::string piece = stream.push(tok);
                 std::fwrite(piece.data(), 1, piece.size(), stdout);
                 std::fflush(stdout);
+                reply.text += piece;
+                reply.reverse_prompt = hit_reverse_prompt(reply.text, piece.size(), o_.reverse_prompts);
                 ++timing_.gen_tokens;
             }
             if (n_past_ >= ctx_.n_ctx()) {
                 std::fprintf(stderr, "\n[context full after %lld tokens; raise --ctx-size for longer output]\n",
                              static_cast<long long>(n_past_));
+                reply.context_full = true;
                 break;
             }
             logits = feed({tok}, false);
-            if (stop) {
-                ended = true;
-                break;
-            }
+            if (stop) reply.eog = tok;
+            if (stop || reply.reverse_prompt) break;
         }
         const std::string rest = stream.flush();
         std::fwrite(rest.data(), 1, rest.size(), stdout);
         std::fflush(stdout);
-        return ended;
+        reply.text += rest;
+        return reply;
     }
 
     int64_t n_past() const { return n_past_; }
@@ -166,8 +222,11 @@ private:
     Context& ctx_;
     Sampler& sampler_;
     Timing& timing_;
+    const RunOptions& o_;
     const Vocab& vocab_;
-    std::vector<int32_t> stops_;
+    std::vector<int32_t> stops_;   // end-of-generation tokens that end a reply
+    std::vector<int32_t> banned_;  // --ignore-eos: the same tokens, never sampled
+    std::vector<float> scratch_;
     int64_t n_past_ = 0;
 };
 
@@ -213,32 +272,55 @@ void print_timing(const Timing& t) {
                  static_cast<long long>(t.gen_tokens), t.gen_ms, rate(t.gen_tokens, t.gen_ms));
 }
 
-void run_chat(Runner& r, const Vocab& v, const RunOptions& o, const std::string& system) {
-    const bool chatml = v.find_token("<|im_start|>") >= 0 && v.find_token("<|im_end|>") >= 0;
-    bool first = true;
-    std::string line;
-    if (!system.empty()) {
-        const std::string text = chatml ? "<|im_start|>system\n" + system + "<|im_end|>\n" : system + "\n";
-        r.feed(v.tokenize(text, true, true), true);
-        first = false;
-    }
-    std::fprintf(stderr, "chat mode (%s turns): type a message and press enter; /exit or end of input quits\n",
-                 chatml ? "ChatML" : "plain");
-    while (true) {
-        std::fputs("\n> ", stderr);
-        std::fflush(stderr);
-        if (!std::getline(std::cin, line) || line == "/exit") break;
-        if (line.empty()) continue;
-        const std::string text = chatml ? "<|im_start|>user\n" + line + "<|im_end|>\n<|im_start|>assistant\n"
-                                        : "User: " + line + "\nAssistant:";
-        const float* logits = r.feed(v.tokenize(text, first, true), true);
-        first = false;
-        const bool ended = r.generate(logits, o.n_predict);
-        if (chatml) {
-            r.feed(v.tokenize(ended ? "\n" : "<|im_end|>\n", false, true), true);
-        } else {
-            r.feed(v.tokenize("\n", false, false), true);
+// The chat format of the model's template. A file without a template whose vocabulary has the
+// ChatML markers is chatted with in ChatML, as most small instruction-tuned models expect.
+ChatFormat chat_format_of(const Model& m) {
+    const Vocab& v = m.vocab();
+    const GgufValue* t = m.gguf().find("tokenizer.chat_template");
+    const std::string tmpl = t && t->type == GgufValueType::STRING && !t->s.empty() ? t->s[0] : "";
+    const std::string bos = v.bos() >= 0 ? v.token_text(v.bos()) : "";
+    const std::string eos = v.eos() >= 0 ? v.token_text(v.eos()) : "";
+    const bool has_chatml = v.find_token("<|im_start|>") >= 0 && v.find_token("<|im_end|>") >= 0;
+    if (tmpl.empty()) {
+        if (has_chatml) {
+            std::fprintf(stderr, "note: the model file has no chat template; its vocabulary has <|im_start|>, "
+                         "so the chat uses ChatML turns\n");
+            return detect_chat_format("<|im_start|>", bos, eos);
         }
+        std::fprintf(stderr, "note: the model file has no chat template (tokenizer.chat_template); the chat "
+                     "uses plain User:/Assistant: turns\n");
+        return detect_chat_format("", bos, eos);
+    }
+    ChatFormat f = detect_chat_format(tmpl, bos, eos);
+    if (f.family == ChatFamily::PLAIN) {
+        std::fprintf(stderr, "note: the model's chat template is not one of the formats bonsai_run knows "
+                     "(ChatML, Llama 2/3, Mistral, Gemma, Phi-3, Zephyr, DeepSeek 2/3, Vicuna); the chat uses "
+                     "plain User:/Assistant: turns\n");
+    }
+    return f;
+}
+
+void run_chat(Runner& r, const Vocab& v, const RunOptions& o, ChatSession& chat, const std::string& first) {
+    std::fprintf(stderr, "chat mode (%s turns): type a message and press enter; /exit or end of input quits\n",
+                 chat.format().name());
+    std::string line = first;
+    bool have_line = !first.empty();
+    while (true) {
+        if (!have_line) {
+            std::fputs("\n> ", stderr);
+            std::fflush(stderr);
+            if (!std::getline(std::cin, line) || line == "/exit") break;
+            if (line.empty()) continue;
+            if (o.escape) line = process_escapes(line);  // typed lines too, as llama-cli does
+        }
+        have_line = false;
+        const float* logits = r.feed_text(chat.add_user(line));
+        if (logits == nullptr) throw Error("the chat turn tokenized to nothing");
+        const Reply reply = r.generate(logits, o.n_predict);
+        if (reply.context_full) break;  // nothing more fits; the chat ends here
+        const std::string eog_text = reply.eog >= 0 ? v.token_to_piece(reply.eog, true) : "";
+        const std::string closing = chat.end_reply(reply.text, eog_text);
+        if (!closing.empty()) r.feed_text(closing);
     }
 }
 
@@ -261,6 +343,7 @@ int run_generate(const RunOptions& o) {
     if (o.has_prompt && !o.prompt_file.empty()) throw Error("give the prompt with -p or -f, not both");
     if (o.has_prompt) prompt = o.prompt;
     if (!o.prompt_file.empty()) prompt = read_prompt_file(o.prompt_file);
+    if (o.escape && !o.prompt_file.empty()) prompt = process_escapes(prompt);
     if (!o.interactive) {
         if (!o.has_prompt && o.prompt_file.empty()) {
             throw Error("no prompt: give -p TEXT or -f FILE (or -i for an interactive chat)");
@@ -285,10 +368,12 @@ int run_generate(const RunOptions& o) {
     std::fprintf(stderr, "sampling: temp %.2f, top_k %d, top_p %.2f, min_p %.2f, repeat_penalty %.2f "
                  "(last %d), seed %llu\n\n", sp.temp, sp.top_k, sp.top_p, sp.min_p, sp.repeat_penalty,
                  sp.repeat_last_n, static_cast<unsigned long long>(sampler.seed()));
-    Runner runner(model, ctx, sampler, timing);
+    Runner runner(model, ctx, sampler, timing, o);
     const Vocab& vocab = model->vocab();
     if (o.interactive) {
-        run_chat(runner, vocab, o, prompt);
+        ChatSession chat(chat_format_of(*model));
+        if (!o.system_prompt.empty()) chat.set_system(o.system_prompt);
+        run_chat(runner, vocab, o, chat, prompt);
     } else {
         const std::vector<int32_t> toks = vocab.tokenize(prompt, true, true);
         if (toks.empty()) throw Error("the prompt tokenized to nothing; give some text with -p or -f");
@@ -298,6 +383,7 @@ int run_generate(const RunOptions& o) {
         }
         std::fwrite(prompt.data(), 1, prompt.size(), stdout);
         std::fflush(stdout);
+        if (o.verbose_prompt) print_verbose_prompt(prompt, toks.size());
         const float* logits = runner.feed(toks, true);
         runner.generate(logits, o.n_predict);
     }

@@ -26,6 +26,15 @@ ContextParams context_params_from(const RunOptions& o, int n_ctx, int n_seq_max 
 SamplingParams sampling_from(const RunOptions& o);
 // Token ids that end a generation: EOS plus the end-of-turn control tokens the vocabulary has.
 std::vector<int32_t> end_tokens(const Vocab& v);
+// --ignore-eos: the logits with the given tokens at -infinity (copied into `scratch`, which the
+// returned pointer points into), so they are never sampled. `logits` itself when `ids` is empty.
+const float* ban_tokens(const float* logits, int64_t n_vocab, const std::vector<int32_t>& ids,
+                        std::vector<float>& scratch);
+// -r: whether `text`, whose last `n_new` bytes just arrived, now contains a reverse prompt that
+// ends inside those bytes (a piece may run past the reverse prompt, as in llama.cpp).
+bool hit_reverse_prompt(const std::string& text, size_t n_new, const std::vector<std::string>& prompts);
+// --verbose-prompt: a text about to be evaluated and its token count, between marker lines (stderr).
+void print_verbose_prompt(const std::string& text, size_t n_tokens);
 // The model line, per-layer table, memory of weights / KV cache / compute buffers, threads (stderr).
 void print_load_report(const Model& m, const Context& ctx, const RunOptions& o);
 

@@ -76,7 +76,9 @@ struct Slot {
     std::unique_ptr<TokenStreamDecoder> stream;
 };
 
-std::vector<PromptSeq> read_prompt_lines(const std::string& path) {
+// Every non-blank line; with `escape` (-e, the default) each line's escapes are processed after
+// the split, so "\n" puts a newline inside that prompt.
+std::vector<PromptSeq> read_prompt_lines(const std::string& path, bool escape) {
     const std::string data = read_prompt_file(path);
     std::vector<PromptSeq> out;
     size_t start = 0;
@@ -89,7 +91,7 @@ std::vector<PromptSeq> read_prompt_lines(const std::string& path) {
         if (!text.empty() && text.back() == '\r') text.pop_back();
         if (text.find_first_not_of(" \t\v\f") != std::string::npos) {
             PromptSeq p;
-            p.text = std::move(text);
+            p.text = escape ? process_escapes(text) : std::move(text);
             p.line = line;
             out.push_back(std::move(p));
         }
@@ -115,6 +117,7 @@ public:
                    std::vector<PromptSeq>& seqs, int n_slots, int slot_ctx)
         : ctx_(ctx), o_(o), sp_(sp), seed_base_(seed_base), seqs_(seqs), slot_ctx_(slot_ctx),
           vocab_(ctx.model().vocab()), stops_(end_tokens(vocab_)), n_vocab_(ctx.model().hparams().n_vocab) {
+        if (o.ignore_eos) banned_.swap(stops_);  // --ignore-eos: never stop at, never sample them
         slots_.resize(n_slots);
         for (int i = 0; i < n_slots; ++i) {
             slots_[i].id = i;
@@ -249,11 +252,13 @@ private:
 
     void sample_next(Slot& s, const float* logits) {
         PromptSeq& p = seqs_[s.seq];
-        const int32_t tok = s.sampler->sample(logits, n_vocab_);
+        const int32_t tok = s.sampler->sample(ban_tokens(logits, n_vocab_, banned_, scratch_), n_vocab_);
         if (std::find(stops_.begin(), stops_.end(), tok) != stops_.end()) return finish(s, "stop");
         s.sampler->accept(tok);
-        p.output += s.stream->push(tok);
+        const std::string piece = s.stream->push(tok);
+        p.output += piece;
         ++p.n_gen;
+        if (hit_reverse_prompt(p.output, piece.size(), o_.reverse_prompts)) return finish(s, "reverse prompt");
         if (o_.n_predict > 0 && p.n_gen >= o_.n_predict) return finish(s, "length");
         if (static_cast<int64_t>(s.cached.size()) >= slot_ctx_) return finish(s, "context full");
         s.pending = tok;
@@ -300,6 +305,8 @@ private:
     int64_t slot_ctx_;
     const Vocab& vocab_;
     std::vector<int32_t> stops_;
+    std::vector<int32_t> banned_;
+    std::vector<float> scratch_;
     int64_t n_vocab_;
     std::vector<Slot> slots_;
     size_t next_ = 0;
@@ -321,7 +328,7 @@ int run_generate_parallel(const RunOptions& o) {
                     " sequences one context holds; use --parallel " + std::to_string(KvCache::kMaxSeq) + " or less");
     }
     const SamplingParams sp = sampling_from(o);
-    std::vector<PromptSeq> seqs = read_prompt_lines(o.prompt_file);
+    std::vector<PromptSeq> seqs = read_prompt_lines(o.prompt_file, o.escape);
 
     const auto t_load = Clock::now();
     std::shared_ptr<const Model> model = load_model_for_run(o);
@@ -344,6 +351,7 @@ int run_generate_parallel(const RunOptions& o) {
                         std::to_string(seqs[i].tokens.size()) + " tokens but each slot holds " +
                         std::to_string(slot_ctx) + " (--ctx-size is per slot); raise --ctx-size or shorten it");
         }
+        if (o.verbose_prompt) print_verbose_prompt(seqs[i].text, seqs[i].tokens.size());
     }
     Context ctx(model, context_params_from(o, static_cast<int>(slot_ctx * n_slots), n_slots));
     const double load_ms = ms_between(t_load, Clock::now());

@@ -25,7 +25,12 @@ struct RunOptions {
     std::string prompt;           // -p, --prompt
     bool has_prompt = false;      // -p given (an empty prompt is valid)
     std::string prompt_file;      // -f, --file: read the prompt from this file
-    bool interactive = false;     // -i, --interactive: chat mode
+    bool interactive = false;     // -i, -cnv, --interactive: chat mode (the file's chat template)
+    std::string system_prompt;    // -sys, --system-prompt: the chat's system message (-i only)
+    bool verbose_prompt = false;  // --verbose-prompt: print each evaluated prompt text to stderr
+    bool escape = true;           // -e / --no-escape: \n, \t, \xNN, ... in -p, -f, -r, chat lines
+    std::vector<std::string> reverse_prompts;  // -r, --reverse-prompt (repeatable)
+    bool ignore_eos = false;      // --ignore-eos: never stop at (and never sample) end-of-generation tokens
     bool inspect = false;         // --inspect: print the file summary and exit
 
     // generation and sampling
@@ -55,11 +60,17 @@ struct RunOptions {
     int32_t threads = 0;          // -t: CPU threads, 0 = one per hardware thread
 
     bool help = false;            // -h, --help
+    bool version = false;         // --version
 };
 
 // Parses argv[1..argc-1]. Throws bonsai::Error on an unknown flag, a missing or bad value, a
-// missing --model (unless --help), conflicting flags, or an unreadable/malformed --config file.
+// missing --model (unless --help or --version), conflicting flags, or an unreadable/malformed
+// --config file.
 RunOptions parse_run_args(int argc, const char* const* argv);
+
+// llama.cpp's prompt escapes: \n \r \t \' \" \\ and \xNN (two hex digits) become the character;
+// any other backslash sequence, and a trailing backslash, stay as written.
+std::string process_escapes(const std::string& text);
 
 // One-paragraph synopsis printed after a usage error.
 std::string run_usage(const std::string& prog);
