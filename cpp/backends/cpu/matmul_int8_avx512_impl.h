@@ -10,7 +10,7 @@
 // with VBMI, byte-table lookups; 2-bit fields) is unpack_avx512.h's, shared with the GEMM; the
 // one-token tiles unpack trit n of all four rows before n + 1 (trit_n), so only one trit's
 // constants are live at a time.
-// 2-bit and 4-bit codes are shifts and masks; Q8_0 uses |w| and the activation negated where w < 0.
+// 2-bit and 4-bit codes are shifts and masks; Q8_0 codes have their top bit flipped (w + 128).
 //
 // Tiles: one token computes 4 rows x 1 token, sharing the activation loads and prefetching the
 // rows of the following tiles (2 or more tokens use the GEMM of matmul_int8_gemm_impl.h). The four int32
@@ -57,7 +57,7 @@ namespace {
 // unit's block g is 16-bit word kDWord + 16 g of the loaded zmm (its codes meet zero activations).
 struct KPtq1 {
     static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 13;
-    static constexpr bool kSigned = false, kTrits = true, kWide = false;
+    static constexpr bool kTrits = true, kWide = false;
     // more: another unit follows in the row, so plain 32-byte loads may run 4 bytes into it (those
     // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool more) {
@@ -73,7 +73,7 @@ struct KPtq1 {
 
 struct KTq1 {
     static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26;
-    static constexpr bool kSigned = false, kTrits = true, kWide = false;
+    static constexpr bool kTrits = true, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
         if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
         return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
@@ -84,7 +84,7 @@ struct KTq1 {
 
 struct KTq2 {
     static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false, kWide = false;
+    static constexpr bool kTrits = false, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
@@ -92,20 +92,20 @@ struct KTq2 {
 // kWide: 18-byte blocks read by load4x18 (codes, and the raw vector holding the scales).
 struct KQ2g64 {
     static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false, kWide = true;
+    static constexpr bool kTrits = false, kWide = true;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g128 {
     static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false, kWide = false;
+    static constexpr bool kTrits = false, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ4 {
     static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = false, kTrits = false, kWide = true;
+    static constexpr bool kTrits = false, kWide = true;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) {
         const __m512i m4 = _mm512_set1_epi8(15);
         c[0] = _mm512_and_si512(src, m4);
@@ -113,25 +113,20 @@ struct KQ4 {
     }
 };
 
+// Q8_0 codes are signed: flipping the top bit gives w + 128 as an unsigned byte for vpdpbusd, and
+// the block's sum over 128 x a is taken off afterwards (kOff = 128: isum - 128 asum), exact in int32.
 struct KQ8 {
-    static constexpr int G = 2, C = 1, kOff = 0, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kSigned = true, kTrits = false, kWide = false;
+    static constexpr int G = 2, C = 1, kOff = 128, kBytes = 34, kDOff = 0, kDWord = -1;
+    static constexpr bool kTrits = false, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
-    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = src; }
+    BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = _mm512_xor_si512(src, _mm512_set1_epi8(-128)); }
 };
 
 template <class K>
 BONSAI_AVX512 inline __m512i dot_unit(const __m512i* c, const int8_t* act) {
     __m512i s = _mm512_setzero_si512();
     for (int v = 0; v < K::C; ++v) {
-        const __m512i a = _mm512_load_si512(act + 64 * v);
-        if constexpr (K::kSigned) {
-            const __mmask64 neg = _mm512_movepi8_mask(c[v]);
-            const __m512i sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-            s = _mm512_dpbusd_epi32(s, _mm512_abs_epi8(c[v]), sa);
-        } else {
-            s = _mm512_dpbusd_epi32(s, c[v], a);
-        }
+        s = _mm512_dpbusd_epi32(s, c[v], _mm512_load_si512(act + 64 * v));
     }
     return s;
 }
@@ -166,6 +161,7 @@ template <class K>
 BONSAI_AVX512 inline __m128 block_fma(__m128 acc, __m128i isum, __m128i asum4, __m128 d4) {
     if constexpr (K::kOff == 1) isum = _mm_sub_epi32(isum, asum4);
     if constexpr (K::kOff == 8) isum = _mm_sub_epi32(isum, _mm_slli_epi32(asum4, 3));
+    if constexpr (K::kOff == 128) isum = _mm_sub_epi32(isum, _mm_slli_epi32(asum4, 7));
     return _mm_fmadd_ps(d4, _mm_cvtepi32_ps(isum), acc);
 }
 
