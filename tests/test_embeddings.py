@@ -106,12 +106,12 @@ def test_pooling_from_the_file_and_its_override(models):
     cfg, path = models("llama", pooling_type=1)
     want = reference_hidden(cfg, TOKENS)
     with _core.Model(path) as m, context(m) as ctx:
-        assert m.pooling == "mean" and m.pooling_type() == 1
+        assert m.pooling_type == "mean"
         assert rel_err(ctx.embed(TOKENS), pool(want, "mean")) < 1e-3  # pooling=None: the file's
         assert rel_err(ctx.embed(TOKENS, pooling="last"), pool(want, "last")) < 1e-3
     _, plain = models("llama")
     with _core.Model(plain) as m, context(m) as ctx:
-        assert m.pooling == "none"  # no key: llama.cpp's default for a generative model
+        assert m.pooling_type == "none"  # no key: llama.cpp's default for a generative model
         assert ctx.embed(TOKENS).shape == (len(TOKENS), cfg.n_embd)
 
 
@@ -315,7 +315,7 @@ def test_llama_pooling_numbers_and_rank_file(models):
     with Llama(path, n_ctx=64, verbose=False, embedding=True) as m:
         assert m.pooling == "last"
     with Llama(path, n_ctx=64, verbose=False, embedding=True, pooling_type=2) as m:  # llama.cpp's number for cls
-        assert m.pooling == "cls"
+        assert m.pooling == "cls" and m.pooling_type() == 2
     _, rank = models("llama", pooling_type=4)
     with pytest.raises(BonsaiError, match="rank"):
         Llama(rank, verbose=False, embedding=True)
