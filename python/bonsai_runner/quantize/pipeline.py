@@ -76,7 +76,7 @@ class QuantizeOptions:
     seq_len: int = 512
     seed: int = 0
     policy: str | None = None
-    embed_type: str = "q8_0"
+    embed_type: str = "f16"
     damp: float = 0.01
     method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)
     equalize: bool = False                 # activation-aware channel scaling (equalize.py)

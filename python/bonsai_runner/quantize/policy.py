@@ -111,7 +111,7 @@ def _matches(pattern: str, name: str) -> bool:
 @dataclass
 class Policy:
     group_size: int = 128
-    embed_type: str = "q8_0"
+    embed_type: str = "f16"
     rules: tuple = ()
 
     def __post_init__(self):
