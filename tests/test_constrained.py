@@ -196,3 +196,11 @@ def test_server_bad_constraints_are_400(server):
     status, body = server.post_raw("/v1/completions", json.dumps(
         {"prompt": "x", "grammar": 'root ::= "a"', "ignore_eos": True}).encode())
     assert status == 400 and json.loads(body)["error"]["param"] == "ignore_eos"
+
+
+@engine
+def test_llama_cpp_python_grammar_object(llm):
+    llama_grammar = pytest.importorskip("llama_cpp.llama_grammar")
+    grammar = llama_grammar.LlamaGrammar.from_string('root ::= "red" | "green" | "blue"', verbose=False)
+    out = llm.create_completion("Color:", max_tokens=10, temperature=1.0, seed=4, grammar=grammar)["choices"][0]
+    assert out["text"] in ("red", "green", "blue") and out["finish_reason"] == "stop"
