@@ -204,3 +204,31 @@ def test_llama_cpp_python_grammar_object(llm):
     grammar = llama_grammar.LlamaGrammar.from_string('root ::= "red" | "green" | "blue"', verbose=False)
     out = llm.create_completion("Color:", max_tokens=10, temperature=1.0, seed=4, grammar=grammar)["choices"][0]
     assert out["text"] in ("red", "green", "blue") and out["finish_reason"] == "stop"
+
+
+@engine
+def test_compute_masks_matches_one_by_one(llm):
+    import numpy as np
+
+    from bonsai_runner import constrained as C
+
+    vocab = llm._constraint_vocab.get()
+    schema, grammar = C.from_response_format(RESPONSE_FORMAT), C.from_grammar('root ::= "yes" | "no"')
+    prefix = llm.tokenize(b'{"name":"Al', add_bos=False)
+
+    def matchers():
+        a, b, c = schema.matcher(vocab), schema.matcher(vocab), grammar.matcher(vocab)
+        for t in prefix:
+            b.advance(t)
+        return [a, b, c]
+
+    one_by_one = [m.allowed().copy() for m in matchers()]
+    together = matchers()
+    C.compute_masks(together)
+    for want, m in zip(one_by_one, together):
+        assert np.array_equal(m.allowed(), want)
+    assert not np.array_equal(one_by_one[0], one_by_one[1])  # different states, different masks
+    row = np.arange(vocab.n_vocab, dtype=np.float32)
+    for want, m in zip(one_by_one, together):
+        out = m.allowed_mask(row)
+        assert np.array_equal(out[want], row[want]) and np.all(np.isneginf(out[~want]))

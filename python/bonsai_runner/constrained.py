@@ -16,6 +16,8 @@ text can produce them) and the end-of-generation ids, once per model (about 1 s 
 vocabulary). `Constraint.matcher(vocab)` gives a `Matcher` per sequence:
 `allowed_mask(row)` (a copy of the logits row with every token the grammar forbids at -inf),
 `advance(token)` after a token is sampled, `is_done()` once the grammar admits no further token.
+`compute_masks(matchers)` computes the next masks of several sequences at once, on llguidance's
+thread pool (the scheduler calls it once per step for its constrained sequences).
 End-of-generation tokens are allowed exactly where the grammar may end. JSON is generated without
 whitespace between tokens of the structure (`{"a":1,"b":[2]}`), which keeps outputs short.
 """
@@ -32,7 +34,7 @@ import numpy as np
 from .errors import BonsaiError
 
 __all__ = ["Constraint", "ConstraintError", "ConstraintVocabulary", "Matcher", "from_response_format",
-           "from_json_schema", "from_grammar", "request_constraint"]
+           "from_json_schema", "from_grammar", "request_constraint", "compute_masks"]
 
 _TOKEN_TYPE_CONTROL = 3  # tokenizer.ggml.token_type of control tokens
 _TOKEN_TYPE_USER_DEFINED = 4
@@ -235,6 +237,7 @@ class Matcher:
         self._m = llg.LLMatcher(vocab.tokenizer, constraint.grammar, log_level=0)
         self._check()
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
+        self._ready = False  # _bits already holds the next mask (compute_masks)
 
     def _check(self) -> None:
         if self._m.is_error():
@@ -242,16 +245,27 @@ class Matcher:
 
     def allowed(self) -> np.ndarray:
         """A bool array over the vocabulary: the tokens the grammar allows next."""
-        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if not self._ready:
+            self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            self._ready = True
         self._check()
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._n_vocab].view(bool)
 
     def allowed_mask(self, row: np.ndarray) -> np.ndarray:
         """`row` (logits over the vocabulary) with every token the grammar forbids set to -inf (a copy)."""
-        return np.where(self.allowed(), row, np.float32(-np.inf)).astype(np.float32, copy=False)
+        allowed = self.allowed()
+        row = np.asarray(row, dtype=np.float32)
+        if np.count_nonzero(allowed) * 2 < allowed.size:  # few allowed: copy those into -inf
+            out = np.full(row.shape, -np.inf, dtype=np.float32)
+            np.copyto(out, row, where=allowed)
+        else:  # most allowed: copy all, clear the rest
+            out = row.copy()
+            out[~allowed] = -np.inf
+        return out
 
     def advance(self, token: int) -> None:
         """Feeds the sampled `token`; a token the grammar forbids is a ConstraintError."""
+        self._ready = False
         if not self._m.consume_token(int(token)):
             raise ConstraintError(f"{self.constraint.param}: token {token} does not fit the "
                                   f"{_KIND_NAMES[self.constraint.kind]}: {self._m.get_error()}",
@@ -260,3 +274,28 @@ class Matcher:
     def is_done(self) -> bool:
         """True when the grammar admits no further token (the output is complete)."""
         return bool(self._m.is_stopped())
+
+
+_executor = None
+_executor_lock = threading.Lock()
+
+
+def compute_masks(matchers: Sequence[Matcher]) -> None:
+    """Computes the next mask of every matcher in one call on llguidance's thread pool; each
+    matcher's allowed() / allowed_mask() then reads it without recomputing (until it advances)."""
+    global _executor
+    todo = [m for m in matchers if not m._ready]
+    if len(todo) < 2:
+        return  # one matcher computes its own mask when asked
+    with _executor_lock:
+        if _executor is None:
+            _executor = _llguidance().LLExecutor()
+    words = todo[0]._bits.size
+    if any(m._bits.size != words for m in todo):
+        raise ValueError("compute_masks: the matchers belong to different vocabularies")
+    bits = np.zeros((len(todo), words), dtype=np.int32)
+    _executor.unsafe_compute_mask_ptr([(m._m, i) for i, m in enumerate(todo)], bits.ctypes.data, words * 4,
+                                      len(todo))
+    for i, m in enumerate(todo):
+        m._bits = bits[i]
+        m._ready = True

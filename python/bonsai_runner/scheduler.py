@@ -33,6 +33,7 @@ Constrained decoding (`GenerationRequest.constraint`, a constrained.Constraint: 
 schema or a grammar): the slot gets its own matcher when it is placed; every logits row of that
 slot is masked (forbidden tokens at -inf) before its sampler sees it, the matcher advances on each
 sampled token, and the request ends with "stop" once the grammar admits no further token.
+The masks of all constrained sequences of a step are computed in one call, in parallel.
 Requests without a constraint skip all of it. The token table the matchers share is built on the
 first constrained request (`constraint_vocabulary()`; the server builds it off the event loop).
 
@@ -80,7 +81,7 @@ from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .errors import BonsaiError
 from .sampling_params import check_penalty, normalize_logit_bias
 from .text_stream import TextStream, normalize_stop
-from .constrained import Constraint, LazyVocabulary
+from .constrained import Constraint, LazyVocabulary, compute_masks
 from .vocab_facts import common_prefix_len
 
 __all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "TokenLogprob", "token_logprob", "InvalidRequestError",
@@ -674,6 +675,12 @@ class Scheduler:
             want.extend([0] * (len(chunk) - 1) + [1 if last else 0])
             plan.append((slot, len(chunk), last))
         logits = self._ctx.decode(tokens, pos=pos, seq_ids=seqs, logits=want)
+        masked = [slot.matcher for slot, _, has_row in plan if has_row and slot.matcher is not None]
+        if len(masked) > 1:  # the constrained sequences' masks at once, on llguidance's threads
+            try:
+                compute_masks(masked)
+            except Exception:  # each matcher then computes (and reports) its own in _sample
+                pass
         row = 0
         at = 0
         with self._cond:
