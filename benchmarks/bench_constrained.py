@@ -15,7 +15,7 @@ in aggregate serving throughput, measured through the HTTP API with the official
    as constrained request i did (so both batches drain alike); generated tokens / wall time of each
    batch, best of `--repeats`.
 
-    PYTHONPATH=python python3 benchmarks/bench_constrained.py --model ~/.cache/bonsai-runner/qwen2.5-coder-0.5b-instruct-q8_0.gguf
+    PYTHONPATH=python python3 benchmarks/bench_constrained.py --model qwen2.5-coder-0.5b-instruct-q8_0.gguf
     PYTHONPATH=python python3 benchmarks/bench_constrained.py            # a tiny random model, written to a temp dir
 
 `--libraries` instead compares the candidate mask libraries (llguidance, xgrammar; pip install
@@ -191,7 +191,8 @@ def compare_libraries(model_path: str) -> None:
             enforced[name] += not accepted
             row.append("NOT ENFORCED" if accepted else "enforced")
         print(f"  {key:28s} llguidance: {row[0]:40s} xgrammar: {row[1]}")
-    print(f"enforced: llguidance {enforced['llguidance']}/{len(COVERAGE)}, xgrammar {enforced['xgrammar']}/{len(COVERAGE)}")
+    print(f"enforced: llguidance {enforced['llguidance']}/{len(COVERAGE)}, "
+          f"xgrammar {enforced['xgrammar']}/{len(COVERAGE)}")
 
 
 def time_sampling(scheduler) -> dict:
@@ -239,8 +240,8 @@ def main() -> int:
     server = LocalServer(args)
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
-        print(f"model {os.path.basename(args.model)}, vocabulary {server.engine.scheduler.constraint_vocabulary().n_vocab} "
-              f"tokens, --parallel {args.parallel}")
+        n_vocab = server.engine.scheduler.constraint_vocabulary().n_vocab
+        print(f"model {os.path.basename(args.model)}, vocabulary {n_vocab} tokens, --parallel {args.parallel}")
         stream_chat(client, 8, 0)  # warm-up (and the constrained token table)
         stream_chat(client, 8, 0, response_format=RESPONSE_FORMAT)
         acc = time_sampling(server.engine.scheduler)

@@ -181,9 +181,9 @@ def test_server_concurrent_constrained_and_free(server):
 def test_server_bad_constraints_are_400(server):
     c = server.client()
     with pytest.raises(openai.BadRequestError) as e:
+        bad = {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}
         c.chat.completions.create(model="x", messages=MESSAGES, max_tokens=4, response_format={
-            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object",
-                                                                              "properties": {"a": {"$ref": "#/nope"}}}}})
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": bad}})
     assert e.value.body["param"] == "response_format" and "response_format" in e.value.body["message"]
     for field, value in (("grammar", "root ::= missing"), ("json_schema", {"type": "integer", "minimum": "x"}),
                          ("response_format", {"type": "json_object", "schema": 3})):

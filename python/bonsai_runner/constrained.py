@@ -151,7 +151,8 @@ def from_grammar(grammar: Any, param: str = "grammar") -> Optional[Constraint]:
     return _checked("grammar", param, lark)
 
 
-def request_constraint(response_format: Any = None, grammar: Any = None, json_schema: Any = None) -> Optional[Constraint]:
+def request_constraint(response_format: Any = None, grammar: Any = None,
+                       json_schema: Any = None) -> Optional[Constraint]:
     """The one constraint of a request from its response_format, grammar and json_schema fields
     (llama-server's names); giving more than one is refused."""
     found = [(name, c) for name, c in (("response_format", from_response_format(response_format)),
