@@ -147,7 +147,7 @@ def test_unimplemented_sampling_keywords(llm):
     with pytest.raises(ValueError, match="grammar"):
         llm("Hi", max_tokens=2, grammar="root ::= x")
     with pytest.raises(ValueError, match="response_format"):
-        llm.create_chat_completion(MSGS, max_tokens=2, response_format={"type": "json_object"})
+        llm.create_chat_completion(MSGS, max_tokens=2, response_format={"type": "xml"})
     # llama-cpp-python's defaults pass, positionally too (its parameter order)
     a = llm.create_completion("Hello world", None, 6, 0.0, 0.95, 0.05, 1.0, None, False, [], 0.0, 0.0, 1.0, 40)
     assert a["choices"][0]["text"] == _greedy(llm, n=6)

@@ -221,7 +221,7 @@ def test_bad_requests_are_400(server):
                 b'{"prompt": "x", "stream": "yes"}', b'{"max_tokens": 4}', b'{"prompt": "a\\ud800b"}',
                 b'{"prompt": [1, 99999]}', b'{"prompt": ["a", "b"]}', b'{"prompt": "x", "stop": 3}',
                 b'{"prompt": "x", "logit_bias": {"5": 101}}', b'{"prompt": "x", "logprobs": 21}',
-                b'{"prompt": "x", "response_format": {"type": "json_object"}}',
+                b'{"prompt": "x", "response_format": {"type": "xml"}}',
                 b'{"prompt": "x", "max_tokens": -1}', b'{"prompt": "x", "max_tokens": 0}'):
         status, body = server.post_raw("/v1/completions", raw)
         assert status == 400, raw

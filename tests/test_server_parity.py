@@ -433,14 +433,14 @@ def test_content_parts_in_the_server_and_llama(server, llama):
 @engine
 @pytest.mark.parametrize("path,field,value", [
     ("/v1/completions", "typical_p", 0.5), ("/v1/completions", "mirostat", 2), ("/v1/completions", "n_probs", 3),
-    ("/v1/completions", "grammar", "root ::= \"a\""), ("/v1/completions", "json_schema", {}),
+    ("/v1/completions", "grammar", "root ::= no_such_rule"), ("/v1/completions", "json_schema", {"type": "no"}),
     ("/v1/completions", "n_predict", 5), ("/v1/completions", "dry_multiplier", 0.8),
     ("/v1/completions", "xtc_probability", 0.5), ("/v1/completions", "samplers", ["top_k"]),
     ("/v1/completions", "typical_p", True), ("/v1/chat/completions", "tool_choice", "required"),
     ("/v1/chat/completions", "tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("/v1/chat/completions", "modalities", ["text", "audio"]), ("/v1/chat/completions", "audio", {"voice": "x"}),
     ("/v1/chat/completions", "functions", [{"name": "f"}]), ("/v1/chat/completions", "reasoning_effort", "low"),
-    ("/v1/chat/completions", "response_format", {"type": "json_object"}),
+    ("/v1/chat/completions", "response_format", {"type": "xml"}),
     ("/v1/chat/completions", "chat_template_kwargs", {"messages": []}),
     ("/v1/chat/completions", "chat_template_kwargs", "enable_thinking"),
 ])

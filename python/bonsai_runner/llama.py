@@ -35,6 +35,12 @@ sequence 0 is never touched; only when an input needs more KV cells than sequenc
 that cache dropped first (the next generation evaluates its prompt again: same output, more
 prefill). Pooling and normalization are llama.cpp's (see embeddings.py).
 
+Constrained output (constrained.py): create_completion(grammar=...) and create_chat_completion
+(response_format=..., grammar=...) mask every sampled token to the grammar (a GBNF string, or an
+object holding one in `_grammar` / `grammar`, as llama-cpp-python's LlamaGrammar) or JSON schema
+(response_format json_object / json_schema); generation stops with finish_reason "stop" once the
+grammar admits no further token. The token table is built on the first constrained call.
+
 Every integer and float parameter is checked against the engine's ranges (engine_limits.py: C int
 counts up to 2**31-1, seeds up to 2**64-1, finite float32 values) before it reaches the binding, so
 bad values are one BonsaiError naming the parameter and its range.
@@ -56,6 +62,7 @@ from . import completion_format as fmt
 from . import embeddings as emb
 from .chat_formats import chat_format as builtin_chat_format
 from .chat_template import ChatTemplate
+from .constrained import LazyVocabulary, request_constraint
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .errors import BonsaiError, check_model_file
 from .llama_compat import (INIT_KEYWORDS, SAMPLING_KEYWORDS, LlamaState, cache_type_name, check_compat_keywords,
@@ -188,6 +195,7 @@ class Llama:
         self._generation = 0  # bumped by every call that changes the cache; see generate()
         self._pieces: dict[int, bytes] = {}
         self._eog = self._end_of_generation_ids()
+        self._constraint_vocab = LazyVocabulary(self._model, self._n_vocab, sorted(self._eog))
         bos = self.token_bos()
         self._add_bos = adds_bos(self._model)
         eos_text = self._token_text(self.token_eos())
@@ -674,21 +682,24 @@ class Llama:
         """
         self._check_call_keywords("create_completion", kwargs, typical_p=typical_p, tfs_z=tfs_z,
                                   mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                                  mirostat_eta=mirostat_eta, grammar=grammar)
+                                  mirostat_eta=mirostat_eta)
+        constraint = request_constraint(grammar=grammar)
         with self._guard.call():
             run = self._completion_run(prompt, suffix, max_tokens, stop, echo, logprobs, model,
                                        (temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                                         frequency_penalty, presence_penalty, logit_bias),
-                                       logits_processor, stopping_criteria)
+                                       logits_processor, stopping_criteria, constraint)
             if not stream:
                 return run.response()
         return GuardedStream(self._guard, run.chunks)
 
     def _completion_run(self, prompt, suffix, max_tokens, stop, echo, logprobs, model,
-                        sampling: tuple, logits_processor=None, stopping_criteria=None) -> "_CompletionRun":
+                        sampling: tuple, logits_processor=None, stopping_criteria=None,
+                        constraint=None) -> "_CompletionRun":
         """The checked arguments of one completion (the caller holds the guard); `sampling` is
-        _sampler_args' arguments."""
+        _sampler_args' arguments, `constraint` a constrained.Constraint or None."""
         self._live()
+        matcher = None if constraint is None else constraint.matcher(self._constraint_vocab.get())
         processor = _callables("logits_processor", logits_processor)
         stopper = _callables("stopping_criteria", stopping_criteria)
         if suffix is not None and not isinstance(suffix, str):
@@ -713,7 +724,7 @@ class Llama:
         return _CompletionRun(self, prompt_tokens, prompt_text, max_tokens, stops, sampler_args,
                               echo=bool(echo), logprobs=logprobs, suffix=append,
                               model=model if model is not None else self.model_path,
-                              processor=processor, stopper=stopper)
+                              processor=processor, stopper=stopper, matcher=matcher)
 
     def __call__(self, prompt: Union[str, list[int]], *args, **kwargs):
         return self.create_completion(prompt, *args, **kwargs)
@@ -734,8 +745,9 @@ class Llama:
         assistant's turn. Extra template variables (e.g. enable_thinking) go in chat_template_kwargs."""
         self._check_call_keywords("create_chat_completion", kwargs, functions=functions,
                                   function_call=function_call, tool_choice=tool_choice, typical_p=typical_p,
-                                  response_format=response_format, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                                  mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, grammar=grammar)
+                                  tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                                  mirostat_eta=mirostat_eta)
+        constraint = request_constraint(response_format=response_format, grammar=grammar)
         if chat_template_kwargs is None:
             chat_template_kwargs = {}
         if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
@@ -764,7 +776,8 @@ class Llama:
             run = self._completion_run(tokens, None, max_tokens, stops, False,
                                        (top_logprobs or 0) if logprobs else None, model,
                                        (temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-                                        frequency_penalty, presence_penalty, logit_bias), logits_processor)
+                                        frequency_penalty, presence_penalty, logit_bias), logits_processor,
+                                       constraint=constraint)
             if not stream:
                 return fmt.chat_response(run.response())
         return GuardedStream(self._guard, lambda: fmt.chat_chunks(run.chunks()))
@@ -799,8 +812,11 @@ class _CompletionRun:
     the result as a response or as stream chunks."""
 
     def __init__(self, llama: Llama, prompt_tokens, prompt_text, max_tokens, stops, sampler_args, *,
-                 echo, logprobs, suffix, model, processor=None, stopper=None):
+                 echo, logprobs, suffix, model, processor=None, stopper=None, matcher=None):
         self.llama = llama
+        self.matcher = matcher  # constrained.Matcher: masks each row (after logits_processor), advances per token
+        if matcher is not None:
+            processor = list(processor or []) + [lambda input_ids, row: matcher.allowed_mask(row)]
         self.processor = processor
         self.stopper = stopper
         self.prompt_tokens = prompt_tokens
@@ -835,6 +851,8 @@ class _CompletionRun:
                 if token is None or token in llama._eog:  # None: stopping_criteria ended it
                     self.finish_reason = "stop"
                     break
+                if self.matcher is not None:
+                    self.matcher.advance(token)
                 self.tokens.append(token)
                 if self.logprobs is not None:
                     self.rows.append(llama._last_logits.copy())
@@ -842,7 +860,7 @@ class _CompletionRun:
                 if text:
                     yield text, first, len(self.tokens)
                     first = len(self.tokens)
-                if ts.stopped:
+                if ts.stopped or (self.matcher is not None and self.matcher.is_done()):
                     self.finish_reason = "stop"
                     break
         finally:

@@ -68,10 +68,12 @@ SAMPLING_KEYWORDS: dict[str, tuple[Any, str, str]] = {
     "mirostat_tau": (5.0, "warn", "it is used only by mirostat, which is off"),
     "mirostat_eta": (0.1, "warn", "it is used only by mirostat, which is off"),
     "penalize_nl": (True, "refuse", "the penalties always apply to the newline token too"),
-    "grammar": (None, "refuse", "grammar-constrained sampling is not implemented in Llama"),
+    # grammar / response_format are honoured by create_completion / create_chat_completion (constrained.py);
+    # generate() and sample() check them here
+    "grammar": (None, "refuse", "grammars apply in create_completion / create_chat_completion only, not in "
+                                "generate() or sample()"),
     "functions": (None, "refuse", "legacy function calling is not supported; use tools="),
     "function_call": (None, "refuse", "legacy function calling is not supported; use tools="),
-    "response_format": (None, "refuse", "JSON mode / schemas are not supported in Llama"),
     "tool_choice": (None, "refuse", "only the template's own tool handling (tool_choice='auto') is supported"),
 }
 

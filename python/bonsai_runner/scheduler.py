@@ -29,6 +29,14 @@ which holds back partial UTF-8 characters and possible stop-string prefixes. Res
 `StreamEvent`s through the request's `on_event` callback (called on the scheduler thread; it must
 not block) or, without one, through `GenerationRequest.events()`.
 
+Constrained decoding (`GenerationRequest.constraint`, a constrained.Constraint: JSON mode, a JSON
+schema or a grammar): the slot gets its own matcher when it is placed; every logits row of that
+slot is masked (forbidden tokens at -inf) before its sampler sees it, the matcher advances on each
+sampled token, and the request ends with "stop" once the grammar admits no further token.
+The masks of all constrained sequences of a step are computed in one call, in parallel.
+Requests without a constraint skip all of it. The token table the matchers share is built on the
+first constrained request (`constraint_vocabulary()`; the server builds it off the event loop).
+
 Admission is bounded: at most `n_parallel + queue_limit` requests are running or waiting; a
 further `submit` raises `QueueFullError`, whose `retry_after` (whole seconds, 1..60) is the mean time
 a slot took to serve a request, divided by the number of slots: about when the next slot frees and
@@ -73,6 +81,7 @@ from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .errors import BonsaiError
 from .sampling_params import check_penalty, normalize_logit_bias
 from .text_stream import TextStream, normalize_stop
+from .constrained import Constraint, LazyVocabulary, compute_masks
 from .vocab_facts import common_prefix_len
 
 __all__ = ["Scheduler", "GenerationRequest", "StreamEvent", "TokenLogprob", "token_logprob", "InvalidRequestError",
@@ -193,7 +202,7 @@ class GenerationRequest:
                  seed: Optional[int] = None, ignore_eos: bool = False, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
                  on_event: Optional[Callable[[StreamEvent], None]] = None, fault: Optional[str] = None,
-                 logprobs: Optional[int] = None):
+                 logprobs: Optional[int] = None, constraint: Optional[Constraint] = None):
         if not isinstance(prompt_tokens, (list, tuple)) or not prompt_tokens:
             raise InvalidRequestError("the prompt is empty; give some text or token ids", "prompt")
         self.prompt_tokens = [check_int("a prompt token id", t, -2**31, INT32_MAX,
@@ -219,6 +228,13 @@ class GenerationRequest:
             raise InvalidRequestError(f"ignore_eos must be a boolean, not {type(ignore_eos).__name__}", "ignore_eos")
         self.ignore_eos = ignore_eos  # never sample an end-of-generation token (benchmarks, soak tests)
         self.logprobs = None if logprobs is None else _int_param("logprobs", logprobs)
+        if constraint is not None and not isinstance(constraint, Constraint):
+            raise InvalidRequestError(f"constraint must be a constrained.Constraint, not {type(constraint).__name__}",
+                                      "constraint")
+        if constraint is not None and ignore_eos:
+            raise InvalidRequestError("ignore_eos cannot be combined with a response_format / grammar: the grammar "
+                                      "decides where the output ends; drop ignore_eos", "ignore_eos")
+        self.constraint = constraint  # JSON mode / schema / grammar (None: unconstrained)
         self.id: Optional[int] = None  # the task number, given at submission
         self.fault = fault
         self._fault = _parse_fault(fault)
@@ -299,6 +315,7 @@ class _Slot:
         self.pending: list[int] = []  # prompt tokens still to evaluate
         self.next_token: Optional[int] = None  # sampled, to be evaluated in the next step
         self.sampler = None
+        self.matcher = None  # constrained.Matcher of a constrained request
         self.stream: Optional[TextStream] = None
         self.logprobs: list[TokenLogprob] = []  # of tokens whose text has not been sent yet
         self.max_tokens = 0
@@ -330,6 +347,7 @@ class Scheduler:
         self._model = model
         self._eog = frozenset(int(i) for i in eog_ids)
         self._eog_index = np.array(sorted(self._eog), dtype=np.int64)
+        self._vocab = LazyVocabulary(model, model.n_vocab, sorted(self._eog))
         self._ctx = _core.Context(model, n_ctx=self.n_parallel * self.n_ctx_slot, n_batch=self.n_batch,
                                   n_seq_max=self.n_parallel, n_threads=check_int("n_threads", n_threads),
                                   type_k=type_k, type_v=type_v, act_mode=act_mode, flash_attn=bool(flash_attn))
@@ -352,6 +370,10 @@ class Scheduler:
         self._thread.start()
 
     # ---- public API -------------------------------------------------------------------------
+
+    def constraint_vocabulary(self):
+        """The token table of constrained requests (built once, about 1 s for a 152k vocabulary)."""
+        return self._vocab.get()
 
     def submit(self, req: GenerationRequest) -> GenerationRequest:
         """Queues `req`; raises QueueFullError when full, InvalidRequestError when the prompt does
@@ -610,6 +632,7 @@ class Scheduler:
             for t in prompt[-req.repeat_last_n:]:
                 slot.sampler.accept(t)
         slot.stream = TextStream(req.stop)
+        slot.matcher = None if req.constraint is None else req.constraint.matcher(self._vocab.get())
         room = self.n_ctx_slot - len(prompt)
         slot.max_tokens = room if req.max_tokens is None or req.max_tokens <= 0 else min(req.max_tokens, room)
         self._n_admitted += 1
@@ -652,6 +675,12 @@ class Scheduler:
             want.extend([0] * (len(chunk) - 1) + [1 if last else 0])
             plan.append((slot, len(chunk), last))
         logits = self._ctx.decode(tokens, pos=pos, seq_ids=seqs, logits=want)
+        masked = [slot.matcher for slot, _, has_row in plan if has_row and slot.matcher is not None]
+        if len(masked) > 1:  # the constrained sequences' masks at once, on llguidance's threads
+            try:
+                compute_masks(masked)
+            except Exception:  # each matcher then computes (and reports) its own in _sample
+                pass
         row = 0
         at = 0
         with self._cond:
@@ -689,6 +718,8 @@ class Scheduler:
         if req.ignore_eos and self._eog_index.size:
             row = row.copy()
             row[self._eog_index] = -np.inf
+        if slot.matcher is not None:
+            row = slot.matcher.allowed_mask(row)
         if req._fault is not None and req._fault[0] == "sample" and req.completion_tokens:
             raise _InjectedFault("injected fault while sampling (fault='sample')")
         token = int(slot.sampler.sample(row))
@@ -700,6 +731,8 @@ class Scheduler:
         if token in self._eog:
             self._end(slot, StreamEvent(finish_reason="stop"))
             return
+        if slot.matcher is not None:
+            slot.matcher.advance(token)
         req.completion_tokens.append(token)
         self._metrics["generated_tokens_total"] += 1
         if req.logprobs is not None:
@@ -707,7 +740,7 @@ class Scheduler:
         text = slot.stream.push(self._piece(token))
         if text:
             req._emit(StreamEvent(text=text, logprobs=self._take_logprobs(slot)))
-        if slot.stream.stopped:
+        if slot.stream.stopped or (slot.matcher is not None and slot.matcher.is_done()):
             self._end(slot, StreamEvent(finish_reason="stop"))
         elif len(req.completion_tokens) >= slot.max_tokens:
             self._end(slot, StreamEvent(finish_reason="length"))
@@ -730,6 +763,7 @@ class Scheduler:
         slot.pending = []
         slot.next_token = None
         slot.sampler = None
+        slot.matcher = None
         slot.stream = None
         slot.last_used = time.perf_counter()
         self._finished[final.finish_reason] += 1

@@ -65,6 +65,7 @@ from . import __version__
 from . import completion_format as fmt
 from . import embeddings as emb
 from .chat_template import ChatTemplate
+from .constrained import ConstraintError
 from .errors import BonsaiError, check_model_file
 from .scheduler import (GenerationRequest, InvalidRequestError, QueueFullError, Scheduler,
                         SchedulerUnavailableError, StreamEvent)
@@ -302,6 +303,17 @@ def _fault_arg(engine: ServingEngine, body: dict, args: dict) -> None:
         args["fault"] = body["debug_fault"]
 
 
+def _constraint_vocabulary(engine: ServingEngine, args: dict) -> None:
+    """A constrained request builds the scheduler's token table here, in the worker thread, the first
+    time (about 1 s for a 152k vocabulary), so the scheduler thread never waits for it, and checks the
+grammar against it (a 400 naming the field when it cannot be used)."""
+    if args.get("constraint") is not None:
+        try:
+            args["constraint"].check(engine.scheduler.constraint_vocabulary())
+        except ConstraintError as e:
+            raise bad_request(str(e), e.param, "invalid_value") from None
+
+
 def _completion_job(engine: ServingEngine, raw: bytes) -> _Job:
     """Parses, validates and tokenizes a /v1/completions body (CPU work: runs in a worker thread)."""
     body = parse_json_body(raw)
@@ -318,6 +330,7 @@ def _completion_job(engine: ServingEngine, raw: bytes) -> _Job:
         raise bad_request("logprobs with echo (the prompt's logprobs) are not supported by the server; "
                           "send echo or logprobs, not both", "logprobs", "unsupported_value")
     _fault_arg(engine, body, args)
+    _constraint_vocabulary(engine, args)
     tokens, prompt_text = engine.completion_tokens(prompt)
     return _Job(tokens, args, stream, include_usage, prompt_text if echo else "", len(prompt_text))
 
@@ -338,6 +351,7 @@ def _chat_job(engine: ServingEngine, raw: bytes) -> _Job:
         stops.append(engine.chat.eos_token)
     args["stop"] = stops
     _fault_arg(engine, body, args)
+    _constraint_vocabulary(engine, args)
     return _Job(tokens, args, stream, include_usage)
 
 

@@ -64,7 +64,21 @@ def _sampling_properties(chat: bool) -> dict:
                        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
                        "description": "token id (decimal string) -> bias added to its logit; -100 bans it"},
         "response_format": {"type": "object", "nullable": True,
-                            "properties": {"type": {"type": "string", "enum": ["text"]}}},
+                            "description": "text (default), json_object (any JSON object, or the one its "
+                                           "optional schema describes) or json_schema (OpenAI's "
+                                           "{name, schema, strict}): the output is constrained to it",
+                            "properties": {"type": {"type": "string",
+                                                    "enum": ["text", "json_object", "json_schema"]},
+                                           "schema": {"type": "object"},
+                                           "json_schema": {"type": "object", "required": ["schema"],
+                                                           "properties": {"name": {"type": "string"},
+                                                                          "schema": {"type": "object"},
+                                                                          "strict": {"type": "boolean",
+                                                                                     "nullable": True}}}}},
+        "json_schema": {"type": "object", "nullable": True,
+                        "description": "llama-server's field: a JSON schema the output must match"},
+        "grammar": {"type": "string", "nullable": True,
+                    "description": "a GBNF grammar (llama.cpp's format) the output must match; \"\" = none"},
     }
     if chat:
         props["max_completion_tokens"] = _int_field("max_completion_tokens", "the same as max_tokens")

@@ -8,12 +8,16 @@ Parameters are type-checked and range-checked here, against the ranges the engin
 and its range (GenerationRequest checks them again). Unknown fields are ignored (clients send vendor
 extensions), but fields the server cannot honour (n > 1, best_of, suffix, several prompts, echo with
 logprobs, and the OpenAI / llama-server generation fields in UNSUPPORTED_FIELDS: other samplers,
-grammars, audio, tool choice, ...) are refused with a 400 naming them rather than silently dropped;
+audio, tool choice, ...) are refused with a 400 naming them rather than silently dropped;
 each is accepted only with its "off" value (or null). A body must be a JSON object nested at most
 MAX_JSON_DEPTH deep, without the NaN / Infinity extensions.
 
 Logprobs: /v1/completions takes `logprobs: N` (the legacy API: N most likely alternatives per
 token), /v1/chat/completions `logprobs: true` with `top_logprobs: N`; N is 0..MAX_LOGPROBS.
+
+Constrained output (both endpoints): OpenAI's `response_format` (json_object, json_schema) or
+llama-server's `json_schema` (a schema) / `grammar` (GBNF), one of them per request; compiled here
+(constrained.py), so a schema or grammar that does not compile is a 400 naming its field.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .constrained import ConstraintError, request_constraint
 from .engine_limits import INT32_MAX, UINT64_MAX, check_float, check_int
 from .sampling_params import normalize_logit_bias
 from .scheduler import InvalidRequestError
@@ -198,10 +203,11 @@ def sampling_args(body: dict, chat: bool) -> dict:
     # ids are checked against the model's vocabulary when the scheduler admits the request
     out["logit_bias"] = normalize_logit_bias(body.get("logit_bias"), None,
                                              error=lambda m, name: bad_request(m, name, "invalid_value"))
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type", "text") == "text"):
-        raise bad_request("only response_format {\"type\": \"text\"} is supported (no JSON mode or schemas)",
-                          "response_format", "unsupported_value")
+    try:  # JSON mode / schema / grammar; compiled here so a bad one is a 400 naming its field
+        out["constraint"] = request_constraint(body.get("response_format"), body.get("grammar"),
+                                               body.get("json_schema"))
+    except ConstraintError as e:
+        raise bad_request(str(e), e.param, "invalid_value") from None
     return out
 
 
@@ -245,8 +251,6 @@ UNSUPPORTED_FIELDS = {
     "top_n_sigma": (_BOTH, _off(-1), "top-n-sigma sampling", "omit it or send -1"),
     "min_keep": (_BOTH, _off(0), "a floor on the candidates the samplers keep", "omit it or send 0"),
     "samplers": (_BOTH, _off(), "a custom sampler order", "omit it (the order is fixed)"),
-    "grammar": (_BOTH, _off(""), "grammar-constrained output", "omit it"),
-    "json_schema": (_BOTH, _off(), "schema-constrained output", "omit it"),
     "lora": (_BOTH, _off([]), "LoRA adapters", "omit it"),
     "t_max_predict_ms": (_BOTH, _off(0), "a time limit on generation", "use max_tokens"),
     "n_indent": (_BOTH, _off(0), "an indentation stop", "omit it"),
