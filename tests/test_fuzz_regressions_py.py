@@ -226,3 +226,15 @@ def test_calibration_line_with_huge_int_or_deep_nesting_is_a_bonsai_error(tmp_pa
     p.write_text('{"text": "fine"}\n' + line + "\n")
     with pytest.raises(BonsaiError, match="line 2 is unreadable JSON"):
         read_samples(p)
+
+
+def test_shard_index_with_a_non_string_file_name_is_a_bonsai_error(tmp_path):
+    """fuzz_hf found this: weight_map values of mixed types crashed sorting them (TypeError)."""
+    from bonsai_runner.convert.hf_reader import HfCheckpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                      "model_type": "llama"}))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a.weight": "model-00001.safetensors", "b.weight": 3}}))
+    with pytest.raises(BonsaiError, match="shard file names, found 3"):
+        HfCheckpoint(tmp_path)

@@ -75,6 +75,10 @@ class HfCheckpoint:
             weight_map = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise BonsaiError(f"{index}: no \"weight_map\" object; re-download the index")
+            bad = next((v for v in weight_map.values() if not isinstance(v, str)), None)
+            if bad is not None:
+                raise BonsaiError(f"{index}: \"weight_map\" maps tensor names to shard file names, "
+                                  f"found {bad!r}; re-download the index")
             for fname in sorted(set(weight_map.values())):
                 self._open_file(fname, str(index))
             for name, fname in weight_map.items():
