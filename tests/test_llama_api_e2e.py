@@ -27,8 +27,9 @@ def _has_engine() -> bool:
 engine = pytest.mark.skipif(not _has_engine(), reason="needs the native engine (scripts/dev_build.sh)")
 
 
-def write_tiny_gguf(path, seed: int = 0) -> None:
-    """Writes a 2-layer, hidden-64 llama model with a ~320-token byte-level BPE vocabulary."""
+def write_tiny_gguf(path, seed: int = 0, user_tokens: tuple = (), chat_template: str = None) -> None:
+    """Writes a 2-layer, hidden-64 llama model with a ~320-token byte-level BPE vocabulary;
+    `user_tokens` are added as user-defined tokens (e.g. <tool_call>), `chat_template` replaces ChatML."""
     import json
 
     import gguf
@@ -38,7 +39,7 @@ def write_tiny_gguf(path, seed: int = 0) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials + list(user_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(["The answer is 42. Hello world, hello there! 你好世界 🙂 def add(a, b): "
                              "return a + b"] * 20, trainer)
@@ -65,12 +66,12 @@ def write_tiny_gguf(path, seed: int = 0) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in specials else 1 for t in tokens])
+    w.add_token_types([3 if t in specials else 4 if t in user_tokens else 1 for t in tokens])
     w.add_token_merges(merges)
     w.add_bos_token_id(0)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    w.add_chat_template(chat_template or CHATML)
 
     def mat(name, rows, cols, scale=None):
         scale = scale if scale is not None else 1 / np.sqrt(cols)

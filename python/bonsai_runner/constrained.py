@@ -33,13 +33,14 @@ import numpy as np
 
 from .errors import BonsaiError
 
-__all__ = ["Constraint", "ConstraintError", "ConstraintVocabulary", "Matcher", "from_response_format",
+__all__ = ["Constraint", "ConstraintError", "ConstraintVocabulary", "Matcher", "checked_lark", "from_response_format",
            "from_json_schema", "from_grammar", "request_constraint", "compute_masks"]
 
 _TOKEN_TYPE_CONTROL = 3  # tokenizer.ggml.token_type of control tokens
 _TOKEN_TYPE_USER_DEFINED = 4
 _JSON_OPTIONS = {"whitespace_flexible": False}
-_KIND_NAMES = {"json_object": "JSON object schema", "json_schema": "JSON schema", "grammar": "grammar"}
+_KIND_NAMES = {"json_object": "JSON object schema", "json_schema": "JSON schema", "grammar": "grammar",
+               "tool_choice": "tool-call grammar"}
 
 
 class ConstraintError(BonsaiError):
@@ -82,6 +83,11 @@ def _checked(kind: str, param: str, grammar: str) -> Constraint:
     if message and not message.startswith("WARNING"):
         raise ConstraintError(f"{param}: the {_KIND_NAMES[kind]} does not compile: {message}", param)
     return Constraint(kind, param, grammar)
+
+
+def checked_lark(grammar: str, param: str, kind: str = "grammar") -> Constraint:
+    """A grammar in llguidance's Lark syntax (e.g. tool_calls.py's forced calls) as a Constraint."""
+    return _checked(kind, param, grammar)
 
 
 def from_json_schema(schema: Any, param: str = "json_schema", kind: str = "json_schema") -> Constraint:

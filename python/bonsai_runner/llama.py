@@ -69,8 +69,9 @@ from .llama_compat import (INIT_KEYWORDS, SAMPLING_KEYWORDS, LlamaState, cache_t
                            check_rope, hub_download, model_identity, reject_unknown_keywords)
 from .sampling_params import check_penalty, normalize_logit_bias
 from .text_stream import TextStream, normalize_stop
+from .tool_calls import ChunkFilter, apply_to_response, plan_tools
 from .use_guard import DEFAULT_STREAM_WAIT_S, GuardedStream, UseGuard
-from .vocab_facts import adds_bos, common_prefix_len, end_of_generation_ids, token_text
+from .vocab_facts import adds_bos, common_prefix_len, end_of_generation_ids, special_token_id, token_text
 
 try:
     from . import _core
@@ -739,15 +740,22 @@ class Llama:
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                                logits_processor=None, grammar=None, logit_bias: Optional[dict] = None,
                                logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
-                               repeat_last_n: Optional[int] = None,
+                               repeat_last_n: Optional[int] = None, parallel_tool_calls: Optional[bool] = None,
                                chat_template_kwargs: Optional[dict] = None, **kwargs):
         """Renders `messages` with the chat template (or chat_format) and completes it as the
-        assistant's turn. Extra template variables (e.g. enable_thinking) go in chat_template_kwargs."""
+        assistant's turn. Extra template variables (e.g. enable_thinking) go in chat_template_kwargs.
+        `tools` / `tool_choice` / `parallel_tool_calls` work as in the OpenAI API (tool_calls.py)."""
         self._check_call_keywords("create_chat_completion", kwargs, functions=functions,
-                                  function_call=function_call, tool_choice=tool_choice, typical_p=typical_p,
+                                  function_call=function_call, typical_p=typical_p,
                                   tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                                   mirostat_eta=mirostat_eta)
         constraint = request_constraint(response_format=response_format, grammar=grammar)
+        plan = plan_tools(tools, tool_choice, self._chat.source, parallel_tool_calls)
+        if plan.forced:
+            if constraint is not None:
+                raise BonsaiError(f"tool_choice {tool_choice!r} forces a tool call, so it cannot be combined with "
+                                  f"{constraint.param}; drop one of them")
+            constraint = plan.constraint(self._special_id)
         if chat_template_kwargs is None:
             chat_template_kwargs = {}
         if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
@@ -761,8 +769,8 @@ class Llama:
             self._live()
             if logprobs and top_logprobs is not None:
                 top_logprobs = check_int("top_logprobs", top_logprobs, 0, INT32_MAX)
-            prompt = self._chat.render(messages, add_generation_prompt=True, text_only=True, tools=tools,
-                                       **chat_template_kwargs)
+            prompt = self._chat.render(plan.messages(messages), add_generation_prompt=True, text_only=True,
+                                       tools=plan.template_tools(), **chat_template_kwargs)
             tokens = self._tokenize(_utf8(prompt, "the rendered chat prompt"), False, True)
             if self._add_bos and tokens[:1] != [self.token_bos()]:
                 tokens.insert(0, self.token_bos())
@@ -779,8 +787,15 @@ class Llama:
                                         frequency_penalty, presence_penalty, logit_bias), logits_processor,
                                        constraint=constraint)
             if not stream:
-                return fmt.chat_response(run.response())
-        return GuardedStream(self._guard, lambda: fmt.chat_chunks(run.chunks()))
+                return apply_to_response(plan, fmt.chat_response(run.response()))
+        if not plan.active:
+            return GuardedStream(self._guard, lambda: fmt.chat_chunks(run.chunks()))
+        tool_filter = ChunkFilter(plan)
+        return GuardedStream(self._guard, lambda: (c for chunk in fmt.chat_chunks(run.chunks())
+                                                   for c in tool_filter(chunk)))
+
+    def _special_id(self, text: str) -> Optional[int]:
+        return special_token_id(self.metadata, lambda b: self._tokenize(b, False, True), text)
 
     def _report(self, n_prompt: int, n_reused: int, t_prompt: float, n_gen: int, t_gen: float) -> None:
         if self.verbose and not self._no_perf:

@@ -74,7 +74,7 @@ SAMPLING_KEYWORDS: dict[str, tuple[Any, str, str]] = {
                                 "generate() or sample()"),
     "functions": (None, "refuse", "legacy function calling is not supported; use tools="),
     "function_call": (None, "refuse", "legacy function calling is not supported; use tools="),
-    "tool_choice": (None, "refuse", "only the template's own tool handling (tool_choice='auto') is supported"),
+    "tool_choice": (None, "refuse", "tools and tool_choice apply in create_chat_completion only"),
 }
 
 _DEFAULT_SAME = {"tool_choice": ("auto",), "response_format": ({"type": "text"},), "kv_overrides": ({},)}

@@ -73,7 +73,8 @@ from .server_logprobs import LogprobFormatter, chat_logprobs
 from .server_requests import (COMPLETION_DEFAULTS, SAMPLING_DEFAULTS, APIError, bad_request, chat_template_kwargs,
                               completion_prompt, detokenize_ids, embeddings_args, from_invalid, parse_json_body,
                               sampling_args, stream_flags, tokenize_args)
-from .vocab_facts import adds_bos, end_of_generation_ids, token_text
+from .tool_calls import ChunkFilter, ToolCallError, ToolPlan, apply_to_response, plan_tools
+from .vocab_facts import adds_bos, end_of_generation_ids, special_token_id, token_text
 
 __all__ = ["ServingEngine", "create_app", "run_server", "bind_socket", "main", "DEFAULT_MAX_BODY",
            "DEFAULT_SHUTDOWN_TIMEOUT"]
@@ -240,10 +241,14 @@ class ServingEngine:
                               "prompt", "invalid_value")
         return list(prompt), bytes(self._model.detokenize(prompt)).decode("utf-8", errors="ignore")
 
-    def chat_tokens(self, messages: Any, tools: Any, template_kwargs: Optional[dict] = None) -> list[int]:
+    def special_id(self, text: str) -> Optional[int]:
+        return special_token_id(self.metadata, lambda b: self._vocab.tokenize(b, add_special=False,
+                                                                              parse_special=True), text)
+
+    def chat_tokens(self, messages: Any, tools: ToolPlan, template_kwargs: Optional[dict] = None) -> list[int]:
         try:
-            text = self.chat.render(messages, add_generation_prompt=True, text_only=True, tools=tools,
-                                    **(template_kwargs or {}))
+            text = self.chat.render(tools.messages(messages), add_generation_prompt=True, text_only=True,
+                                    tools=tools.template_tools(), **(template_kwargs or {}))
         except BonsaiError as e:
             raise bad_request(str(e), "messages", "invalid_value") from None
         tokens = self._tokenize(_utf8(text, "messages"), "messages", add_special=False)
@@ -295,6 +300,7 @@ class _Job:
     include_usage: bool
     echo_text: str = ""  # the prompt text to echo before the completion ("" = no echo)
     text_offset: int = 0  # characters of prompt text before the completion (logprobs' text_offset)
+    tools: Optional[ToolPlan] = None  # a chat request's tools (its output's tool calls are parsed)
 
 
 def _fault_arg(engine: ServingEngine, body: dict, args: dict) -> None:
@@ -342,17 +348,26 @@ def _chat_job(engine: ServingEngine, raw: bytes) -> _Job:
     args = sampling_args(body, chat=True)
     if "messages" not in body:
         raise bad_request("'messages' is required: a list of {role, content} objects", "messages", "missing")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad_request("'tools' must be a list", "tools", "invalid_type")
-    tokens = engine.chat_tokens(body["messages"], tools, chat_template_kwargs(body))
+    try:
+        plan = plan_tools(body.get("tools"), body.get("tool_choice"), engine.chat.source,
+                          body.get("parallel_tool_calls"))
+        if body.get("parse_tool_calls") is False:  # llama-server's switch: the calls stay in the content
+            plan.parse_output = False
+        if plan.forced:
+            if args.get("constraint") is not None:
+                raise ToolCallError(f"tool_choice forces a tool call, so it cannot be combined with "
+                                    f"{args['constraint'].param}; drop one of them", "tool_choice")
+            args["constraint"] = plan.constraint(engine.special_id)
+    except ToolCallError as e:
+        raise bad_request(str(e), e.param, "invalid_value") from None
+    tokens = engine.chat_tokens(body["messages"], plan, chat_template_kwargs(body))
     stops = [] if args["stop"] is None else [args["stop"]] if isinstance(args["stop"], str) else list(args["stop"])
     if engine.chat.eos_token:
         stops.append(engine.chat.eos_token)
     args["stop"] = stops
     _fault_arg(engine, body, args)
     _constraint_vocabulary(engine, args)
-    return _Job(tokens, args, stream, include_usage)
+    return _Job(tokens, args, stream, include_usage, tools=plan)
 
 
 def _too_large(size: Optional[int], limit: int) -> APIError:
@@ -719,7 +734,9 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
             out = fmt.chat_response(fmt.completion_response(cid, created, model, text, None, reason, req.n_prompt,
                                                             len(req.completion_tokens)))
             out["choices"][0]["logprobs"] = chat_logprobs(logprobs, engine.piece)
-            return out
+            return apply_to_response(job.tools, out)
+
+        tool_filter = ChunkFilter(job.tools)
 
         async def chunks():
             first = True
@@ -737,7 +754,8 @@ def create_app(engine: ServingEngine, api_key: Optional[str] = None, max_body: i
                     out = list(fmt.chat_chunks([part]))  # [role delta, this delta]
                     out[-1]["choices"][0]["logprobs"] = logprobs
                     for c in (out if first else out[1:]):
-                        yield _sse(c)
+                        for filtered in tool_filter(c):
+                            yield _sse(filtered)
                     first = False
             if include_usage:
                 yield _sse({"id": "chat" + cid, "object": "chat.completion.chunk", "created": created,

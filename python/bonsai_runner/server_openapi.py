@@ -126,7 +126,17 @@ def _chat_request() -> dict:
                                           "oneOf": [{"type": "string"}, {"type": "array", "items": part}]}}}
     return {"type": "object", "required": ["messages"],
             "properties": {"messages": {"type": "array", "minItems": 1, "items": message},
-                           "tools": {"type": "array", "nullable": True, "items": {"type": "object"}},
+                           "tools": {"type": "array", "nullable": True, "items": {"type": "object"},
+                                     "description": "OpenAI function tools (tool_calls.py)"},
+                           "tool_choice": {"nullable": True, "description": "auto, none, required or "
+                                                                             "{type: function, function: {name}}",
+                                           "oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
+                                                     {"type": "object"}]},
+                           "parallel_tool_calls": {"type": "boolean", "nullable": True,
+                                                   "description": "a forced call may be several calls "
+                                                                  "(default false)"},
+                           "parse_tool_calls": {"type": "boolean", "nullable": True,
+                                                "description": "false: tool calls stay in the content"},
                            **_sampling_properties(chat=True)}}
 
 
@@ -171,6 +181,11 @@ def _schemas(n_vocab: int) -> dict:
              "properties": {"id": {"type": "string"}, "object": {"type": "string"},
                             "created": {"type": "integer"}, "owned_by": {"type": "string"}}}
     count = {"type": "integer", "minimum": 0}
+    tool_call = {"type": "object", "required": ["id", "type", "function"],
+                 "properties": {"id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+                                "function": {"type": "object", "required": ["name", "arguments"],
+                                             "properties": {"name": {"type": "string"},
+                                                            "arguments": {"type": "string"}}}}}
     head = {"id": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"}}
     return {
         "CompletionRequest": _completion_request(n_vocab),
@@ -203,9 +218,12 @@ def _schemas(n_vocab: int) -> dict:
                                                   "message": {"type": "object", "required": ["role", "content"],
                                                               "properties": {
                                                                   "role": {"type": "string", "enum": ["assistant"]},
-                                                                  "content": {"type": "string"}}},
+                                                                  "content": {"type": "string", "nullable": True},
+                                                                  "tool_calls": {"type": "array",
+                                                                                 "items": tool_call}}},
                                                   "logprobs": chat_logprobs,
-                                                  "finish_reason": finish}}},
+                                                  "finish_reason": {"type": "string",
+                                                                    "enum": ["stop", "length", "tool_calls"]}}}},
                                           "usage": _ref("Usage")}},
         "EmbeddingRequest": _embedding_request(n_vocab),
         "EmbeddingList": {"type": "object", "required": ["object", "data", "model", "usage"],

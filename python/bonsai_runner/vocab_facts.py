@@ -7,17 +7,19 @@
   it agrees with `tokenizer.ggml.add_bos_token` and the tokenizer's defaults).
 - `token_text`: the written form of a special token, as chat templates expect for bos/eos_token.
 - `common_prefix_len`: how many leading tokens two sequences share (prompt-prefix reuse).
+- `special_token_id`: the id of a special token from its text (tool-call grammars emit the token).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["end_of_generation_ids", "adds_bos", "token_text"]
+__all__ = ["end_of_generation_ids", "adds_bos", "token_text", "special_token_id"]
 
 _TOKEN_TYPE_CONTROL = 3  # tokenizer.ggml.token_type value of control tokens
+_TOKEN_TYPE_USER_DEFINED = 4
 _END_OF_TURN_NAMES = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
                                 "<end_of_turn>", "<|end_of_text|>", "</s>"})
 
@@ -73,3 +75,14 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def special_token_id(metadata: Mapping[str, Any], tokenize: Callable[[bytes], Sequence[int]],
+                     text: str) -> Optional[int]:
+    """The id of the one control or user-defined token spelled `text` (e.g. <tool_call>), or None;
+    `tokenize(bytes)` must parse special-token text."""
+    ids = list(tokenize(text.encode("utf-8")))
+    types = metadata.get("tokenizer.ggml.token_type") or []
+    if len(ids) == 1 and 0 <= ids[0] < len(types) and types[ids[0]] in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED):
+        return int(ids[0])
+    return None
