@@ -42,6 +42,10 @@ struct DeltaRuleArgs {
     float scale = 1.0f;           // 1 / sqrt(dk)
     float* const* state = nullptr;  // [n_tokens]: the delta state of token t's sequence, [n_v_heads][dv][dk]
     float* out = nullptr;         // [n_tokens, n_v_heads * dv]
+    // Runs of >= chunk consecutive tokens sharing one state go through the chunked (WY) form in
+    // chunks of `chunk` tokens; shorter runs and the tail of a run take the one-token step.
+    // 0 = the step only.
+    int64_t chunk = 64;
 };
 void gated_delta_rule(const DeltaRuleArgs& a, ThreadPool& pool);
 
