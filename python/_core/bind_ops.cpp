@@ -234,7 +234,7 @@ void bind_ops(py::module_& m) {
         },
         py::arg("qkv"), py::arg("g"), py::arg("beta"), py::arg("state"), py::arg("n_k_heads"), py::arg("n_v_heads"),
         py::arg("dk"), py::arg("dv"), py::arg("slots") = py::none(), py::arg("threads") = 1,
-        py::arg("chunk") = 64,
+        py::arg("chunk") = 0,
         "The gated delta rule over T tokens (q, k L2-normed in qkv; runs of >= chunk tokens of one state in the "
         "chunked form, 0 = step only): (out [T, HV*dv], states).");
     m.def(
