@@ -119,6 +119,60 @@ def test_gated_delta_rule_interleaved_sequences_and_qkv_stride():
         close(st[s], ref_st, 1e-4)
 
 
+C = 64  # the engine's default chunk length
+
+
+def _chunk_inputs(rng, T, hk, dk, decay):
+    hv = 2 * hk  # GQA-style: two V heads per K head
+    q, k, v, qkv, g, beta = _delta_inputs(rng, T, hk, hv, dk, dk)
+    if decay == "weak":
+        g = -rng.uniform(0.0, 0.02, (T, hv)).astype(np.float32)  # e^g near 1: the state keeps everything
+    else:
+        g = -rng.uniform(4.0, 6.0, (T, hv)).astype(np.float32)  # e^g ~ e^-5: exp(G_i - G_j) underflows across a chunk
+    return q, k, v, qkv, g, beta, hv
+
+
+# Tolerance: float32 round-off of sums over dk + chunk terms of bounded size (q, k unit vectors,
+# the state update I - beta k k^T is a contraction), about 1e-6 relative; 1e-4 of the output's
+# largest magnitude leaves margin for 300 tokens, while a wrong decay factor, a dropped token or a
+# missing carried-state term changes outputs by percent.
+CHUNK_TOL = 1e-4
+
+
+@pytest.mark.parametrize("T", [1, C - 1, C, C + 1, 3 * C + 5, 300])
+@pytest.mark.parametrize("dk", [64, 128])
+@pytest.mark.parametrize("decay", ["weak", "strong"])
+def test_chunked_delta_rule_equals_recurrence(T, dk, decay):
+    rng = np.random.default_rng(T * 7 + dk + (decay == "weak"))
+    hk = 2
+    q, k, v, qkv, g, beta, hv = _chunk_inputs(rng, T, hk, dk, decay)
+    state = (rng.standard_normal((1, hv, dk, dk)) * 0.3).astype(np.float32)
+    ref, ref_st = delta_rule_ref(q, k, v, g, beta, state[0])
+    # chunk C (runs >= C chunked, tail by the step) and a single chunk of the whole run (T < C too)
+    for chunk in sorted({C, 32, T}):
+        out, st = core.gated_delta_rule(qkv, g, beta, state, hk, hv, dk, dk, threads=2, chunk=chunk)
+        close(out, ref.reshape(T, -1), CHUNK_TOL)
+        close(st[0], ref_st, CHUNK_TOL)
+    step_out, step_st = core.gated_delta_rule(qkv, g, beta, state, hk, hv, dk, dk, threads=2, chunk=0)
+    close(step_out, ref.reshape(T, -1), CHUNK_TOL)
+    close(step_st[0], ref_st, CHUNK_TOL)
+
+
+def test_chunked_delta_rule_two_sequences_in_one_batch():
+    rng = np.random.default_rng(11)
+    T, hk, dk = 2 * C + 40, 2, 64
+    q, k, v, qkv, g, beta, hv = _chunk_inputs(rng, T, hk, dk, "weak")
+    states = (rng.standard_normal((2, hv, dk, dk)) * 0.3).astype(np.float32)
+    # slot 1 for C + 10 tokens (one chunk + a stepped tail), slot 0 for C + 5, then slot 1 again
+    slots = np.array([1] * (C + 10) + [0] * (C + 5) + [1] * (T - 2 * C - 15), np.int32)
+    out, st = core.gated_delta_rule(qkv, g, beta, states, hk, hv, dk, dk, slots=slots, threads=2, chunk=C)
+    for s in range(2):
+        rows = np.flatnonzero(slots == s)
+        ref, ref_st = delta_rule_ref(q[rows], k[rows], v[rows], g[rows], beta[rows], states[s])
+        close(out[rows], ref.reshape(len(rows), -1), CHUNK_TOL)
+        close(st[s], ref_st, CHUNK_TOL)
+
+
 def test_gated_output_norm_and_attention_gate():
     rng = np.random.default_rng(3)
     o = rng.standard_normal((6, 24)).astype(np.float32)

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../backends/cpu/layers_cpu.h"
 #include "bonsai/error.h"
@@ -114,18 +116,52 @@ void gated_delta_rule(const DeltaRuleArgs& a, ThreadPool& pool) {
         (a.n_tokens > 0 && !a.state)) {
         throw Error("gated_delta_rule: invalid arguments");
     }
+    if (a.chunk < 0) throw Error("gated_delta_rule: negative chunk length");
     const int64_t q_off = 0, k_off = a.n_k_heads * a.dk, v_off = 2 * a.n_k_heads * a.dk;
     const int64_t state_head = a.dv * a.dk;
+    // runs of consecutive tokens sharing a state pointer: [begin, end)
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+        if (runs.empty() || a.state[t] != a.state[t - 1]) runs.emplace_back(t, t);
+        runs.back().second = t + 1;
+    }
     // V heads are independent: each thread runs its heads through every token in order.
     pool.parallel_for(a.n_v_heads, [&](int64_t h0, int64_t h1, int) {
-        for (int64_t t = 0; t < a.n_tokens; ++t) {
+        cpu::DeltaChunkScratch w;
+        std::vector<const float*> qs, ks, vs;
+        std::vector<float> gs, bs;
+        std::vector<float*> os;
+        auto step = [&](int64_t t, int64_t h) {
             const float* row = a.qkv + t * a.qkv_stride;
-            for (int64_t h = h0; h < h1; ++h) {
-                const int64_t kh = h % a.n_k_heads;
-                const int64_t gi = t * a.n_v_heads + h;
-                cpu::delta_rule_head(a.state[t] + h * state_head, row + q_off + kh * a.dk, row + k_off + kh * a.dk,
-                                     row + v_off + h * a.dv, std::exp(a.g[gi]), a.beta[gi], a.scale, a.dk, a.dv,
-                                     a.out + t * a.n_v_heads * a.dv + h * a.dv);
+            const int64_t kh = h % a.n_k_heads;
+            const int64_t gi = t * a.n_v_heads + h;
+            cpu::delta_rule_head(a.state[t] + h * state_head, row + q_off + kh * a.dk, row + k_off + kh * a.dk,
+                                 row + v_off + h * a.dv, std::exp(a.g[gi]), a.beta[gi], a.scale, a.dk, a.dv,
+                                 a.out + t * a.n_v_heads * a.dv + h * a.dv);
+        };
+        for (const auto& [b, e] : runs) {
+            int64_t t = b;
+            if (a.chunk > 0) {
+                for (; t + a.chunk <= e; t += a.chunk) {
+                    for (int64_t h = h0; h < h1; ++h) {
+                        const int64_t kh = h % a.n_k_heads, n = a.chunk;
+                        qs.resize(n), ks.resize(n), vs.resize(n), gs.resize(n), bs.resize(n), os.resize(n);
+                        for (int64_t i = 0; i < n; ++i) {
+                            const float* row = a.qkv + (t + i) * a.qkv_stride;
+                            qs[i] = row + q_off + kh * a.dk;
+                            ks[i] = row + k_off + kh * a.dk;
+                            vs[i] = row + v_off + h * a.dv;
+                            gs[i] = a.g[(t + i) * a.n_v_heads + h];
+                            bs[i] = a.beta[(t + i) * a.n_v_heads + h];
+                            os[i] = a.out + (t + i) * a.n_v_heads * a.dv + h * a.dv;
+                        }
+                        cpu::delta_rule_chunk(a.state[t] + h * state_head, qs.data(), ks.data(), vs.data(), gs.data(),
+                                              bs.data(), a.scale, n, a.dk, a.dv, os.data(), w);
+                    }
+                }
+            }
+            for (; t < e; ++t) {
+                for (int64_t h = h0; h < h1; ++h) step(t, h);
             }
         }
     });

@@ -200,7 +200,7 @@ void bind_ops(py::module_& m) {
         "gated_delta_rule",
         [slot_ptrs](const F32Array& qkv, const F32Array& g, const F32Array& beta, const F32Array& state,
                     int64_t n_k_heads, int64_t n_v_heads, int64_t dk, int64_t dv, std::optional<I32Array> slots,
-                    int threads) {
+                    int threads, int64_t chunk) {
             if (qkv.ndim() != 2 || g.ndim() != 2 || beta.ndim() != 2 || state.ndim() != 4 ||
                 g.shape(0) != qkv.shape(0) || g.shape(1) != n_v_heads || beta.shape(0) != qkv.shape(0) ||
                 beta.shape(1) != n_v_heads || state.shape(1) != n_v_heads || state.shape(2) != dv ||
@@ -224,6 +224,7 @@ void bind_ops(py::module_& m) {
             a.scale = 1.0f / std::sqrt(static_cast<float>(dk));
             a.state = ptrs.data();
             a.out = out.mutable_data();
+            a.chunk = chunk;
             bonsai::ThreadPool& pool = pool_for(threads);
             {
                 py::gil_scoped_release release;
@@ -233,7 +234,9 @@ void bind_ops(py::module_& m) {
         },
         py::arg("qkv"), py::arg("g"), py::arg("beta"), py::arg("state"), py::arg("n_k_heads"), py::arg("n_v_heads"),
         py::arg("dk"), py::arg("dv"), py::arg("slots") = py::none(), py::arg("threads") = 1,
-        "The gated delta rule over T tokens (q, k L2-normed in qkv): (out [T, HV*dv], states).");
+        py::arg("chunk") = 0,
+        "The gated delta rule over T tokens (q, k L2-normed in qkv; runs of >= chunk tokens of one state in the "
+        "chunked form, 0 = step only): (out [T, HV*dv], states).");
     m.def(
         "rms_norm_gated",
         [](const F32Array& o, const F32Array& w, const F32Array& z, float eps) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "bonsai/kv_cache.h"
 
@@ -29,6 +30,14 @@ void l2_norm_row(float* x, int64_t n, float eps);
 void delta_rule_head(float* S, const float* q, const float* k, const float* v, float decay, float beta, float scale,
                      int64_t dk, int64_t dv, float* o);
 void rms_norm_gated_row(float* o, const float* w, const float* z, int64_t n, float eps);
+// The delta rule over n consecutive tokens of one sequence and one V head in the chunked (WY)
+// form, equal to n delta_rule_head steps (gated_delta_chunked.cpp). q/k/v/o: per-token rows.
+struct DeltaChunkScratch {
+    std::vector<float> G, kk, qk, sk, sq;
+};
+void delta_rule_chunk(float* S, const float* const* q, const float* const* k, const float* const* v, const float* g,
+                      const float* beta, float scale, int64_t n, int64_t dk, int64_t dv, float* const* o,
+                      DeltaChunkScratch& w);
 
 }  // namespace cpu
 }  // namespace bonsai
