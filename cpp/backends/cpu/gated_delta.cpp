@@ -6,6 +6,7 @@
 // 16 independent partial sums so that the compiler vectorizes them without reassociating.
 #include <cmath>
 
+#include "dot_f32.h"
 #include "layers_cpu.h"
 
 namespace bonsai::cpu {
@@ -13,18 +14,6 @@ namespace bonsai::cpu {
 namespace {
 
 constexpr int kLanes = 16;
-
-inline float dot(const float* a, const float* b, int64_t n) {
-    float acc[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-        for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
-    }
-    float s = 0.0f;
-    for (int l = 0; l < kLanes; ++l) s += acc[l];
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
@@ -55,7 +44,7 @@ void delta_rule_head(float* S, const float* q, const float* k, const float* v, f
     for (int64_t r = 0; r < dv; ++r) {
         float* s = S + r * dk;
         // delta uses the decayed row: beta (v_r - (e^g s) . k)
-        const float delta = beta * (v[r] - decay * dot(s, k, dk));
+        const float delta = beta * (v[r] - decay * dot_f32(s, k, dk));
         float acc[kLanes] = {};
         int64_t i = 0;
         for (; i + kLanes <= dk; i += kLanes) {

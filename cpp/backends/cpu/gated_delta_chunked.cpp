@@ -12,27 +12,10 @@
 #include <cmath>
 #include <vector>
 
+#include "dot_f32.h"
 #include "layers_cpu.h"
 
 namespace bonsai::cpu {
-
-namespace {
-
-constexpr int kLanes = 16;
-
-inline float dot(const float* a, const float* b, int64_t n) {
-    float acc[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-        for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
-    }
-    float s = 0.0f;
-    for (int l = 0; l < kLanes; ++l) s += acc[l];
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
-
-}  // namespace
 
 void delta_rule_chunk(float* S, const float* const* q, const float* const* k, const float* const* v, const float* g,
                       const float* beta, float scale, int64_t n, int64_t dk, int64_t dv, float* const* o,
@@ -49,16 +32,16 @@ void delta_rule_chunk(float* S, const float* const* q, const float* const* k, co
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t j = 0; j <= t; ++j) {
             const float e = std::exp(G[t] - G[j]);
-            w.kk[t * n + j] = j < t ? e * dot(k[t], k[j], dk) : 0.0f;
-            w.qk[t * n + j] = e * dot(q[t], k[j], dk);
+            w.kk[t * n + j] = j < t ? e * dot_f32(k[t], k[j], dk) : 0.0f;
+            w.qk[t * n + j] = e * dot_f32(q[t], k[j], dk);
         }
     }
     // S0 k_t and S0 q_t, [t][r]: each state row read once for the chunk
     for (int64_t r = 0; r < dv; ++r) {
         const float* s = S + r * dk;
         for (int64_t t = 0; t < n; ++t) {
-            w.sk[t * dv + r] = dot(s, k[t], dk);
-            w.sq[t * dv + r] = dot(s, q[t], dk);
+            w.sk[t * dv + r] = dot_f32(s, k[t], dk);
+            w.sq[t * dv + r] = dot_f32(s, q[t], dk);
         }
     }
     // forward substitution for the deltas, stored in sk's place ([t][r])
