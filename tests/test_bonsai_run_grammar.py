@@ -22,8 +22,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import bonsai_run_path
+from conftest import bonsai_run_path, run_cli
 from engine_fixtures import Cfg, write_model
+from model_factory import make_hf_model
 from real_model import real_model_path  # noqa: F401 (fixture)
 
 SCHEMA = {"type": "object",
@@ -44,9 +45,20 @@ YES_NO_RE = re.compile(r"(yes|no) [0-9]{2,3}")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
+    """SentencePiece vocabulary: llguidance tokenizes forced text greedily (see grammar.cpp)."""
     path = tmp_path_factory.mktemp("grammar") / "tiny.gguf"
     write_model(path, Cfg(), seed=3)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def bpe_model(tmp_path_factory):
+    """A tiny qwen2 with a byte-level BPE vocabulary (tests/model_factory.py), converted by
+    `bonsai convert`: llguidance tokenizes through our tokenizer (the callback) here."""
+    d = tmp_path_factory.mktemp("grammar_bpe")
+    make_hf_model(d / "model", arch="qwen2", tokenizer="bpe")
+    run_cli("convert", d / "model", "--outfile", d / "bpe.gguf", "--no-progress", check=True)
+    return str(d / "bpe.gguf")
 
 
 def _run(*args, env=None, stdin: bytes = b""):
@@ -86,6 +98,13 @@ def test_json_schema_output_validates_and_is_compact(model, seed):
 def test_json_schema_with_a_string_field(model, seed):
     obj = json.loads(_generated(model, "-n", "200", "--json-schema", json.dumps(SCHEMA_WITH_STRING), seed=seed))
     jsonschema.validate(obj, SCHEMA_WITH_STRING)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_json_schema_and_gbnf_on_a_bpe_vocabulary(bpe_model, seed):
+    obj = json.loads(_generated(bpe_model, "-n", "200", "-j", json.dumps(SCHEMA), seed=seed))
+    jsonschema.validate(obj, SCHEMA)
+    assert YES_NO_RE.fullmatch(_generated(bpe_model, "-n", "30", "--grammar", YES_NO_GBNF, seed=seed))
 
 
 def test_without_the_schema_the_same_run_is_not_json(model):
@@ -299,8 +318,12 @@ def test_gbnf_translation_error_names_the_line_and_rule(to_lark, tmp_path):
 
 @pytest.mark.real_model
 def test_real_model_json_schema(real_model_path):  # noqa: F811
-    p = _run("-m", real_model_path, "-p", "A person as JSON:", "-n", "128", "-s", "3", "--temp", "0.7",
-             "-c", "512", "-j", json.dumps(SCHEMA_WITH_STRING))
+    from test_engine_real_model import converted
+
+    prompt = "A person as JSON:"
+    schema = {**SCHEMA_WITH_STRING, "additionalProperties": False}
+    p = _run("-m", converted(real_model_path, "q8_0"), "-p", prompt, "-n", "128", "-s", "3", "--temp", "0.7",
+             "-c", "512", "-j", json.dumps(schema))
     assert p.returncode == 0, p.stderr
-    jsonschema.validate(json.loads(p.stdout.decode()[len("A person as JSON:"):]), SCHEMA_WITH_STRING)
+    jsonschema.validate(json.loads(p.stdout.decode()[len(prompt):]), schema)
 

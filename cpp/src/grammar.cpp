@@ -253,7 +253,12 @@ public:
         if (tok_ == nullptr) throw Error(flag + ": llguidance refused the vocabulary: " + first_line(err));
         init_.assign((sizeof(llg::ConstraintInit) + llg::kConstraintInitSpare) / 8 + 1, 0);
         api_.constraint_init_set_defaults(constraint_init(), tok_);
-        check_constraint_init_layout(flag);
+        try {
+            check_constraint_init_layout(flag);
+        } catch (...) {
+            api_.free_tokenizer(tok_);  // the destructor does not run for a throwing constructor
+            throw;
+        }
         constraint_init()->log_buffer_level = 0;
         constraint_init()->log_stderr_level = 0;  // errors come back through llg_matcher_get_error
     }
