@@ -312,10 +312,12 @@ private:
                 seq.kids.push_back(n);
             } else if (c == '(') {
                 const size_t start = i_++;
+                if (++depth_ > kMaxDepth) fail_at(start, "groups nested deeper than " + std::to_string(kMaxDepth));
                 skip_space(true);
                 seq.kids.push_back(parse_alts(true));
                 if (i_ >= s_.size() || s_[i_] != ')') fail_at(start, "unclosed '(' (missing ')')");
                 ++i_;
+                --depth_;
             } else if (is_word_char(c)) {
                 Node n;
                 n.type = Node::REF;
@@ -344,8 +346,11 @@ private:
         return alts;
     }
 
+    static constexpr int kMaxDepth = 200;  // nesting of ( ... ): bounds every recursion over the tree
+
     const std::string& s_;
     size_t i_ = 0;
+    int depth_ = 0;
 };
 
 // Writes rules as Lark, deciding which are terminals and naming them.

@@ -85,19 +85,16 @@ ContextParams context_params_from(const RunOptions& o, int n_ctx, int n_seq_max)
 }
 
 GrammarSource grammar_source_from(const RunOptions& o) {
-    GrammarSource src;
-    auto file = [](const std::string& path, const char* flag) {
-        return read_input_file(path, std::string("the ") + flag + " file", flag, size_t{16} << 20);
+    using K = GrammarSource::Kind;
+    auto file = [](K kind, const std::string& path, const char* flag, const char* what) {
+        return GrammarSource{kind, read_input_file(path, what, flag, size_t{16} << 20), std::string(flag) + " " + path};
     };
-    if (!o.grammar.empty()) src = {GrammarSource::Kind::GRAMMAR, o.grammar, "--grammar"};
-    if (!o.grammar_file.empty())
-        src = {GrammarSource::Kind::GRAMMAR, file(o.grammar_file, "--grammar-file"), "--grammar-file " + o.grammar_file};
-    if (!o.json_schema.empty()) src = {GrammarSource::Kind::JSON_SCHEMA, o.json_schema, "-j/--json-schema"};
-    if (!o.json_schema_file.empty()) {
-        src = {GrammarSource::Kind::JSON_SCHEMA, file(o.json_schema_file, "--json-schema-file"),
-               "--json-schema-file " + o.json_schema_file};
-    }
-    return src;
+    if (!o.grammar.empty()) return {K::GRAMMAR, o.grammar, "--grammar"};
+    if (!o.json_schema.empty()) return {K::JSON_SCHEMA, o.json_schema, "-j/--json-schema"};
+    if (!o.grammar_file.empty()) return file(K::GRAMMAR, o.grammar_file, "--grammar-file", "the grammar file");
+    if (!o.json_schema_file.empty())
+        return file(K::JSON_SCHEMA, o.json_schema_file, "--json-schema-file", "the JSON schema file");
+    return {};  // parse_run_args lets at most one of the four through
 }
 
 SamplingParams sampling_from(const RunOptions& o) {

@@ -89,6 +89,10 @@ void test_errors() {
     CHECK_THROWS(gbnf_to_lark("root ::= \"a\" )\n"), "line 1, column 14: expected a newline after the rule, found ')'");
     CHECK_THROWS(gbnf_to_lark("root ::= \"\xFF\"\n"), "invalid UTF-8");
     CHECK_THROWS(gbnf_to_lark("# only a comment\n"), "the grammar is empty");
+    CHECK_THROWS(gbnf_to_lark("root ::= " + std::string(100000, '(') + "\"a\"" + std::string(100000, ')')),
+                 "line 1, column 210: groups nested deeper than 200");
+    CHECK(contains(gbnf_to_lark("root ::= " + std::string(200, '(') + "\"a\"" + std::string(200, ')') + "\n"),
+                   "start: \"a\"\n"));
 }
 
 }  // namespace

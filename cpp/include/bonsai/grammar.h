@@ -7,7 +7,9 @@
 //   2. <dir of the executable>/../lib/python3*/site-packages/llguidance/_lib.abi3.so (a venv or
 //      pip prefix, where pip installs bonsai_run),
 //   3. the path `python3 -c 'import llguidance'` reports (pyenv / system installs).
-// Its version is checked against the ones whose C ABI layout we verified (1.8, 1.9).
+// Its version is checked against the ones whose C ABI layout we verified (1.8, 1.9). That file
+// is a Python extension module too, with references to libpython's symbols (never called
+// through the C ABI), so Python's shared library is loaded beside it when they do not resolve.
 //
 // Grammar texts: a GBNF grammar (llama.cpp's format; any `name ::= ...` rule makes the text
 // GBNF) is translated to llguidance's Lark by gbnf_to_lark; anything else is taken as Lark as
@@ -63,8 +65,6 @@ public:
     Grammar& operator=(const Grammar&) = delete;
 
     const std::string& flag() const { return src_.flag; }
-    const std::string& lark() const { return lark_; }  // what llguidance compiles ("" for a schema)
-    const std::string& schema() const { return json_; }  // the schema with our options ("" for a grammar)
     int64_t n_vocab() const { return n_vocab_; }
 
 private:
@@ -72,8 +72,8 @@ private:
     llg::Matcher* new_matcher() const;
 
     GrammarSource src_;
-    std::string lark_;
-    std::string json_;
+    std::string lark_;  // the grammar as Lark (GRAMMAR)
+    std::string json_;  // the schema with our compile options (JSON_SCHEMA)
     int64_t n_vocab_ = 0;
     std::unique_ptr<GrammarVocab> vocab_;
 };
@@ -89,14 +89,14 @@ public:
     // Sets every logit the grammar forbids next to -inf (n_vocab entries). End-of-generation
     // tokens stay allowed only where the grammar may end. Throws on a matcher error.
     void apply(float* logits) override;
-    // Advances by a sampled token; throws "<flag>: token N does not fit the grammar: ..." when
-    // the grammar forbids it.
+    // Advances by a sampled token; throws "<flag>: token N does not fit: <llguidance's message>"
+    // when the grammar forbids it (the matcher is then in an error state for good).
     void accept(int32_t token);
     // True when the grammar admits no further token (only end-of-generation remains).
     bool is_stopped() const;
     // True when the text so far is a complete match (end-of-generation is allowed now).
     bool is_accepting() const;
-    // Back to the start of the grammar (the next chat reply).
+    // Back to the start of the grammar (the next chat reply); not after an error.
     void reset();
 
 private:
