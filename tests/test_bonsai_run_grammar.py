@@ -280,16 +280,15 @@ def _accepts(llg, tokenizer, lark: str, text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def to_lark():
+    """Runs `test_gbnf --to-lark` on a GBNF text; returns the finished process."""
     exe = Path(bonsai_run_path()).parent / "test_gbnf"
     if not exe.exists():
         pytest.skip("test_gbnf is built by scripts/dev_build.sh (the C++ tests)")
 
-    def convert(gbnf: str, tmp: Path) -> str:
+    def convert(gbnf: str, tmp: Path) -> subprocess.CompletedProcess:
         path = tmp / "g.gbnf"
         path.write_text(gbnf, encoding="utf-8")
-        p = subprocess.run([str(exe), "--to-lark", str(path)], capture_output=True, text=True, timeout=30)
-        assert p.returncode == 0, p.stderr
-        return p.stdout
+        return subprocess.run([str(exe), "--to-lark", str(path)], capture_output=True, text=True, timeout=30)
     return convert
 
 
@@ -300,17 +299,16 @@ def test_gbnf_translation_accepts_what_llguidance_own_translation_accepts(name, 
 
     gbnf, good, bad = GRAMMARS[name]
     tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_ByteTokenizer()), n_vocab=257)
-    ours, theirs = to_lark(gbnf, tmp_path), gbnf_to_lark(gbnf)
+    p = to_lark(gbnf, tmp_path)
+    assert p.returncode == 0, p.stderr
+    ours, theirs = p.stdout, gbnf_to_lark(gbnf)
     for text, expected in [(t, True) for t in good] + [(t, False) for t in bad]:
         got = (_accepts(llg, tokenizer, ours, text), _accepts(llg, tokenizer, theirs, text))
         assert got == (expected, expected), (text, got, ours)
 
 
 def test_gbnf_translation_error_names_the_line_and_rule(to_lark, tmp_path):
-    exe = Path(bonsai_run_path()).parent / "test_gbnf"
-    path = tmp_path / "bad.gbnf"
-    path.write_text("root ::= \"a\" undefined-rule\n")
-    p = subprocess.run([str(exe), "--to-lark", str(path)], capture_output=True, text=True, timeout=30)
+    p = to_lark("root ::= \"a\" undefined-rule\n", tmp_path)
     assert p.returncode == 1 and "line 1, column 14: undefined rule 'undefined-rule'" in p.stderr
 
 

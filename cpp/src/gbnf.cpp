@@ -26,6 +26,7 @@
 
 #include "bonsai/error.h"
 #include "bonsai/grammar.h"
+#include "bonsai/unicode.h"
 
 namespace bonsai {
 
@@ -49,24 +50,6 @@ bool is_word_char(char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-}
-
 std::string hex(uint32_t v, int width) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%0*X", width, v);
@@ -81,7 +64,7 @@ void append_string_char(std::string& out, uint32_t cp) {
     } else if (cp < 0x20 || cp == 0x7F) {
         out += "\\u" + hex(cp, 4);
     } else {
-        append_utf8(out, cp);
+        unicode::append_utf8(out, cp);
     }
 }
 
