@@ -164,17 +164,25 @@ def test_interactive_grammar_applies_to_each_reply(model):
     assert re.fullmatch(rb"((yes|no)!){3}", p.stdout), p.stdout
 
 
-def test_ignore_eos_ends_where_the_grammar_is_complete(model):
+def test_ignore_eos_ends_where_the_grammar_is_complete(model, tmp_path):
     for seed in SEEDS[:3]:
         out = _generated(model, "-n", "30", "--ignore-eos", "--grammar", 'root ::= "yes" | "no"', seed=seed)
         assert out in ("yes", "no")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("ab\nb\nabc\n")
+    p = _run("-m", model, "-f", prompts, "--parallel", "2", "-n", "30", *COMMON, "--ignore-eos",
+             "--grammar", 'root ::= "yes" | "no"')
+    assert p.returncode == 0, p.stderr
+    assert sorted(re.findall(rb"^\[(\d)\] (?:ab|b|abc)(?:yes|no)$", p.stdout, re.M)) == [b"0", b"1", b"2"], p.stdout
+    assert p.stderr.count("| grammar complete") == 3, p.stderr
 
 
 # ----- bad input -----
 
 @pytest.mark.parametrize("args,needle", [
     (("--grammar", "root ::= \"a\"", "-j", "{}"), "--grammar and -j/--json-schema cannot be used together"),
-    (("-jf", "a.json", "--grammar-file", "b.gbnf"), "--grammar-file and -jf/--json-schema-file cannot be used together"),
+    (("-jf", "a.json", "--grammar-file", "b.gbnf"),
+     "--grammar-file and -jf/--json-schema-file cannot be used together"),
     (("-j", ""), "invalid value '' for -j (--json-schema)"),
 ])
 def test_conflicting_or_empty_flags_are_usage_errors(model, args, needle):
@@ -204,7 +212,8 @@ def test_missing_library_is_one_clear_error(model):
     p = _run("-m", model, "-p", "x", "-n", "5", "-j", "{}", env={"BONSAI_LLGUIDANCE_LIB": "/nonexistent"})
     _one_error_line(p, 1, "-j/--json-schema needs the llguidance package (pip install llguidance) or "
                           "BONSAI_LLGUIDANCE_LIB=path/to/_lib.abi3.so", "/nonexistent")
-    p = _run("-m", model, "-p", "x", "-n", "5", "--grammar", YES_NO_GBNF, env={"BONSAI_LLGUIDANCE_LIB": "/etc/hostname"})
+    p = _run("-m", model, "-p", "x", "-n", "5", "--grammar", YES_NO_GBNF,
+             env={"BONSAI_LLGUIDANCE_LIB": "/etc/hostname"})
     _one_error_line(p, 1, "--grammar needs the llguidance package", "/etc/hostname")
 
 

@@ -210,7 +210,8 @@ public:
         for (int64_t i = 0; n_predict < 0 || i < n_predict; ++i) {
             if (grammar_ && o_.ignore_eos && grammar_->is_stopped()) break;
             const auto t0 = Clock::now();
-            const int32_t tok = sampler_.sample(ban_tokens(logits, n_vocab, banned_, scratch_), n_vocab, grammar_.get());
+            const int32_t tok =
+                sampler_.sample(ban_tokens(logits, n_vocab, banned_, scratch_), n_vocab, grammar_.get());
             const bool stop = std::find(stops_.begin(), stops_.end(), tok) != stops_.end();
             if (grammar_ && !stop) grammar_->accept(tok);
             timing_.gen_ms += ms_since(t0);

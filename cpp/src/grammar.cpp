@@ -303,7 +303,8 @@ std::string schema_with_options(const std::string& text, const std::string& flag
     const std::string opts = "\"x-guidance\":{\"whitespace_flexible\":false}";
     const char* ws = " \t\r\n";
     const size_t b = text.find_first_not_of(ws);
-    if (b == std::string::npos) throw Error(flag + ": the JSON schema is empty; give an object such as {\"type\": \"object\"}");
+    if (b == std::string::npos)
+        throw Error(flag + ": the JSON schema is empty; give an object such as {\"type\": \"object\"}");
     const size_t e = text.find_last_not_of(ws);
     if (text.compare(b, e + 1 - b, "true") == 0) return "{" + opts + "}";
     if (text[b] != '{') {
@@ -311,7 +312,8 @@ std::string schema_with_options(const std::string& text, const std::string& flag
                     text.substr(b, 20) + "'");
     }
     if (text[e] != '}' || e == b) return text;
-    if (text.find("\"x-guidance\"") != std::string::npos) return text.substr(0, b + 1) + opts + "," + text.substr(b + 1);
+    if (text.find("\"x-guidance\"") != std::string::npos)
+        return text.substr(0, b + 1) + opts + "," + text.substr(b + 1);
     const bool empty = text.find_first_not_of(ws, b + 1) == e;
     return text.substr(0, e) + (empty ? "" : ",") + opts + text.substr(e);
 }
@@ -342,7 +344,8 @@ Grammar::~Grammar() = default;
 llg::Matcher* Grammar::new_matcher() const {
     const llg::Api& api = vocab_->api();
     const bool json = src_.kind == GrammarSource::Kind::JSON_SCHEMA;
-    llg::Matcher* m = api.new_matcher(vocab_->constraint_init(), json ? "json" : "lark", json ? json_.c_str() : lark_.c_str());
+    llg::Matcher* m =
+        api.new_matcher(vocab_->constraint_init(), json ? "json" : "lark", json ? json_.c_str() : lark_.c_str());
     if (m == nullptr) throw Error(src_.flag + ": llguidance returned no matcher");
     if (api.matcher_is_error(m)) {
         const std::string msg = first_line(api.matcher_get_error(m));

@@ -49,7 +49,8 @@ void test_constructs() {
 }
 
 void test_escapes_and_names() {
-    const std::string e = gbnf_to_lark("root ::= \"q\\\"b\\\\n\\n\\t\\x41\\u00e9\\U0001F600\" [^\"\\\\\\]/\\x00-\\x1f]\n");
+    const std::string e =
+        gbnf_to_lark("root ::= \"q\\\"b\\\\n\\n\\t\\x41\\u00e9\\U0001F600\" [^\"\\\\\\]/\\x00-\\x1f]\n");
     CHECK(contains(e, "\"q\\\"b\\\\n\\u000A\\u0009A\xC3\xA9\xF0\x9F\x98\x80\""));
     CHECK(contains(e, "/[^\\x{22}\\x{5C}\\x{5D}\\x{2F}\\x{00}-\\x{1F}]/"));
     // UTF-8 in classes and literals passes through as code points

@@ -113,7 +113,8 @@ void test_errors(const Vocab& v, const std::vector<int32_t>& eog) {
     CHECK_THROWS(Grammar({K::JSON_SCHEMA, "  ", "-j"}, v, kRows, eog), "-j: the JSON schema is empty");
     CHECK_THROWS(Grammar({K::GRAMMAR, "root ::= x", "--grammar"}, v, kRows, eog),
                  "--grammar: the GBNF grammar does not parse: line 1, column 10: undefined rule 'x'");
-    CHECK_THROWS(Grammar({K::GRAMMAR, "start: x", "--grammar"}, v, kRows, eog), "--grammar: the grammar does not compile");
+    CHECK_THROWS(Grammar({K::GRAMMAR, "start: x", "--grammar"}, v, kRows, eog),
+                 "--grammar: the grammar does not compile");
     CHECK_THROWS(Grammar({K::GRAMMAR, "\n", "--grammar"}, v, kRows, eog), "--grammar: the grammar is empty");
     CHECK_THROWS(Grammar({K::GRAMMAR, "start: \"a\"", "--grammar"}, v, kRows, {}), "end-of-generation token");
     CHECK(grammar_for_run({}, v, kRows, eog) == nullptr);
