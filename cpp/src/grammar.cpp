@@ -159,6 +159,7 @@ Library load_library() {
     bind(h, "llg_matcher_is_accepting", a.matcher_is_accepting, missing);
     bind(h, "llg_matcher_is_stopped", a.matcher_is_stopped, missing);
     bind(h, "llg_matcher_reset", a.matcher_reset, missing);
+    bind(h, "llg_clone_matcher", a.clone_matcher, missing);
     bind(h, "llg_free_matcher", a.free_matcher, missing);
     if (!missing.empty()) {
         lib.error = lib.path + " lacks " + missing + "; it is not llguidance's library (pip install -U llguidance)";
@@ -335,23 +336,23 @@ Grammar::Grammar(const GrammarSource& src, const Vocab& vocab, int64_t n_vocab, 
     }
     const Library& lib = library(src.flag);
     vocab_ = std::make_unique<GrammarVocab>(lib.api, vocab, n_vocab, eog_ids, src.flag);
-    llg::Matcher* m = new_matcher();  // compiles once here, so errors surface before generation
-    vocab_->api().free_matcher(m);
-}
-
-Grammar::~Grammar() = default;
-
-llg::Matcher* Grammar::new_matcher() const {
+    // compiled once, here, so errors surface before generation; sequences get clones of it
     const llg::Api& api = vocab_->api();
     const bool json = src_.kind == GrammarSource::Kind::JSON_SCHEMA;
-    llg::Matcher* m =
-        api.new_matcher(vocab_->constraint_init(), json ? "json" : "lark", json ? json_.c_str() : lark_.c_str());
-    if (m == nullptr) throw Error(src_.flag + ": llguidance returned no matcher");
-    if (api.matcher_is_error(m)) {
-        const std::string msg = first_line(api.matcher_get_error(m));
-        api.free_matcher(m);
+    proto_ = api.new_matcher(vocab_->constraint_init(), json ? "json" : "lark", json ? json_.c_str() : lark_.c_str());
+    if (proto_ == nullptr) throw Error(src_.flag + ": llguidance returned no matcher");
+    if (api.matcher_is_error(proto_)) {
+        const std::string msg = first_line(api.matcher_get_error(proto_));
+        api.free_matcher(proto_);
         throw Error(src_.flag + ": the " + (json ? "JSON schema" : "grammar") + " does not compile: " + msg);
     }
+}
+
+Grammar::~Grammar() { vocab_->api().free_matcher(proto_); }
+
+llg::Matcher* Grammar::new_matcher() const {
+    llg::Matcher* m = vocab_->api().clone_matcher(proto_);
+    if (m == nullptr) throw Error(src_.flag + ": llguidance could not copy the compiled grammar");
     return m;
 }
 

@@ -76,6 +76,7 @@ struct Api {
     bool (*matcher_is_accepting)(Matcher* m);
     bool (*matcher_is_stopped)(const Matcher* m);
     int32_t (*matcher_reset)(Matcher* m);
+    Matcher* (*clone_matcher)(const Matcher* m);
     void (*free_matcher)(Matcher* m);
 };
 

@@ -76,6 +76,7 @@ private:
     std::string json_;  // the schema with our compile options (JSON_SCHEMA)
     int64_t n_vocab_ = 0;
     std::unique_ptr<GrammarVocab> vocab_;
+    llg::Matcher* proto_ = nullptr;  // the compiled grammar at its start; matchers are clones
 };
 
 // One sequence's position in the grammar.
