@@ -17,6 +17,7 @@
 
 #include "bonsai/error.h"
 #include "bonsai/input_file.h"
+#include "config_json.h"
 
 namespace bonsai {
 
@@ -111,6 +112,12 @@ std::vector<Flag> make_flags(RunOptions& o) {
         return [&dst, lo, hi, lo_open, expected](S f, S v) { dst = parse_float(f, v, lo, hi, lo_open, expected); };
     };
     auto str = [](std::string& dst) { return [&dst](S, S v) { dst = v; }; };
+    auto nonempty = [](std::string& dst, std::string expected) {
+        return [&dst, expected](S f, S v) {
+            if (v.empty()) bad_value(f, v, expected);
+            dst = v;
+        };
+    };
     auto on = [](bool& dst) { return [&dst](bool b) { dst = b; }; };
     constexpr int64_t kMaxI32 = 2147483647;
     return {
@@ -147,8 +154,19 @@ std::vector<Flag> make_flags(RunOptions& o) {
          "lines (default on)",
          nullptr, on(o.escape)},
         {{"--no-escape"}, "", "take -p, -f, -r and chat text literally", nullptr, [&o](bool b) { o.escape = !b; }},
-        {{"--ignore-eos"}, "", "do not stop at end-of-generation tokens; they are never sampled", nullptr,
-         on(o.ignore_eos)},
+        {{"--ignore-eos"}, "", "do not stop at end-of-generation tokens; they are never sampled (with a grammar "
+         "or schema, generation still ends where the grammar admits nothing more)", nullptr, on(o.ignore_eos)},
+        {{"--grammar"}, "GRAMMAR", "constrain the output to a grammar: GBNF as llama.cpp writes it (root ::= ...; "
+         "any 'name ::=' rule means GBNF) or Lark as llguidance reads it (start: ...); with -i it applies to each "
+         "reply; needs the llguidance package (pip install llguidance)", nonempty(o.grammar, "a grammar text"),
+         nullptr},
+        {{"--grammar-file"}, "FILE", "read the --grammar text (GBNF or Lark) from FILE",
+         nonempty(o.grammar_file, "a file path"), nullptr},
+        {{"-j", "--json-schema"}, "SCHEMA", "constrain the output to JSON valid against SCHEMA, a JSON schema "
+         "object, e.g. '{\"type\": \"object\"}'; written compactly (no whitespace between JSON tokens), as the "
+         "server's response_format; needs llguidance", nonempty(o.json_schema, "a JSON schema"), nullptr},
+        {{"-jf", "--json-schema-file"}, "FILE", "read the --json-schema from FILE",
+         nonempty(o.json_schema_file, "a file path"), nullptr},
         {{"--verbose-prompt"}, "", "print every prompt text the model evaluates (chat turns included) to stderr",
          nullptr, on(o.verbose_prompt)},
         {{"--inspect"}, "", "print the model's metadata, tensor table, per-type totals and bits "
@@ -276,91 +294,9 @@ void apply_args(const std::vector<Flag>& flags, const std::vector<std::string>& 
     }
 }
 
-// Minimal JSON reader for a flat object of string/number/bool values (the --config file).
-class ConfigReader {
-public:
-    ConfigReader(std::string text, std::string path) : s_(std::move(text)), path_(std::move(path)) {}
-
-    // Returns (key, value as command-line text) pairs in file order; booleans as "true"/"false".
-    std::vector<std::pair<std::string, std::string>> read_object() {
-        std::vector<std::pair<std::string, std::string>> out;
-        expect('{');
-        if (peek() == '}') {
-            ++i_;
-        } else {
-            for (;;) {
-                std::string key = read_string();
-                expect(':');
-                out.emplace_back(key, read_value(key));
-                if (peek() == ',') {
-                    ++i_;
-                    continue;
-                }
-                expect('}');
-                break;
-            }
-        }
-        if (peek() != '\0') fail("unexpected text after the closing '}'");
-        return out;
-    }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw Error("--config " + path_ + ": " + what + " at byte " + std::to_string(i_) +
-                    "; the file must be one JSON object such as {\"ctx-size\": 4096, \"temp\": 0.2}");
-    }
-    char peek() {
-        while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
-        return i_ < s_.size() ? s_[i_] : '\0';
-    }
-    void expect(char c) {
-        if (peek() != c) fail(std::string("expected '") + c + "'");
-        ++i_;
-    }
-    std::string read_string() {
-        expect('"');
-        std::string out;
-        while (i_ < s_.size() && s_[i_] != '"') {
-            char c = s_[i_++];
-            if (c == '\\') {
-                if (i_ >= s_.size()) break;
-                const char e = s_[i_++];
-                switch (e) {
-                    case 'n': c = '\n'; break;
-                    case 't': c = '\t'; break;
-                    case 'r': c = '\r'; break;
-                    case '"': case '\\': case '/': c = e; break;
-                    default: fail(std::string("unsupported escape '\\") + e + "'");
-                }
-            }
-            out += c;
-        }
-        if (i_ >= s_.size()) fail("unterminated string");
-        ++i_;
-        return out;
-    }
-    // Value as the text a command-line argument would carry; booleans as "true"/"false".
-    std::string read_value(const std::string& key) {
-        const char c = peek();
-        if (c == '"') return read_string();
-        const size_t start = i_;
-        while (i_ < s_.size() && std::string(",} \n\t\r").find(s_[i_]) == std::string::npos) ++i_;
-        const std::string tok = s_.substr(start, i_ - start);
-        if (tok == "true" || tok == "false") return tok;
-        if (!tok.empty() && (std::isdigit(static_cast<unsigned char>(tok[0])) || tok[0] == '-'))
-            return tok;
-        i_ = start;
-        fail("the value of \"" + key + "\" must be a string, a number, true or false");
-    }
-
-    std::string s_;
-    std::string path_;
-    size_t i_ = 0;
-};
-
 void apply_config(const std::vector<Flag>& flags, const std::string& path) {
     const std::string text = read_input_file(path, "the --config file", "--config", size_t{1} << 20);
-    for (const auto& [raw_key, value] : ConfigReader(text, path).read_object()) {
+    for (const auto& [raw_key, value] : read_config_object(text, path)) {
         std::string key = raw_key;
         for (char& ch : key)
             if (ch == '_') ch = '-';
@@ -398,6 +334,12 @@ RunOptions parse_run_args(int argc, const char* const* argv) {
     if (o.interactive && o.inspect) throw Error("--interactive and --inspect cannot be used together");
     if (!o.system_prompt.empty() && !o.interactive)
         throw Error("-sys/--system-prompt is the system message of a chat; add -i (or put the text in the prompt)");
+    std::vector<std::string> constraints;
+    for (const auto& [value, name] : {std::pair{&o.grammar, "--grammar"}, {&o.grammar_file, "--grammar-file"},
+                                      {&o.json_schema, "-j/--json-schema"}, {&o.json_schema_file, "-jf/--json-schema-file"}})
+        if (!value->empty()) constraints.push_back(name);
+    if (constraints.size() > 1)
+        throw Error(constraints[0] + " and " + constraints[1] + " cannot be used together; give one grammar or schema");
     if (o.escape) {
         o.prompt = process_escapes(o.prompt);
         for (std::string& r : o.reverse_prompts) r = process_escapes(r);
@@ -494,6 +436,9 @@ std::string run_help(const std::string& prog) {
            "  " + prog + " -m model.gguf -i -c 8192 --temp 0.7 --top-p 0.9\n"
            "  " + prog + " -m model.gguf -i -sys \"You are terse.\" -r \"User:\"\n"
            "  " + prog + " -m model.gguf -f prompt.txt -ngl 99 -fa -ctk q8_0 -ctv q8_0\n"
+           "  " + prog + " -m model.gguf -p \"Name a color as JSON:\" -j '{\"type\": \"object\", \"properties\": "
+           "{\"color\": {\"enum\": [\"red\", \"green\"]}}, \"required\": [\"color\"]}'\n"
+           "  " + prog + " -m model.gguf -p \"Answer:\" --grammar 'root ::= (\"yes\" | \"no\") \".\"'\n"
            "  " + prog + " -m model.gguf --inspect\n";
     return out;
 }

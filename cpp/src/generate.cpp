@@ -13,6 +13,11 @@
 // A reply ends at an end-of-generation token (never with --ignore-eos, which also bans them from
 // sampling, as llama.cpp does), after -n tokens, at a full context, or when the output ends with a
 // reverse prompt (-r): chat mode then hands the turn back, prompt mode stops.
+// With --grammar / --json-schema (grammar.h) every reply is constrained: before each draw the tokens
+// the grammar forbids get -inf (after logit bias and penalties, before top-k/top-p/min-p/temp),
+// the drawn token advances the matcher, end-of-generation is allowed only where the grammar may
+// end, and in chat mode each reply starts the grammar afresh. With --ignore-eos the reply also
+// ends where the grammar admits nothing more (it could only be followed by end-of-generation).
 // Timing: load, prompt (prefill) tokens/s and generation tokens/s are reported at the end.
 #include "bonsai/generate.h"
 
@@ -29,6 +34,7 @@
 #include "bonsai/context.h"
 #include "bonsai/error.h"
 #include "bonsai/gguf.h"
+#include "bonsai/grammar.h"
 #include "bonsai/input_file.h"
 #include "bonsai/model.h"
 #include "bonsai/sampling.h"
@@ -76,6 +82,19 @@ ContextParams context_params_from(const RunOptions& o, int n_ctx, int n_seq_max)
     cp.flash_attn = o.flash_attn;
     cp.cuda_graph = o.cuda_graph;
     return cp;
+}
+
+GrammarSource grammar_source_from(const RunOptions& o) {
+    using K = GrammarSource::Kind;
+    auto file = [](K kind, const std::string& path, const char* flag, const char* what) {
+        return GrammarSource{kind, read_input_file(path, what, flag, size_t{16} << 20), std::string(flag) + " " + path};
+    };
+    if (!o.grammar.empty()) return {K::GRAMMAR, o.grammar, "--grammar"};
+    if (!o.json_schema.empty()) return {K::JSON_SCHEMA, o.json_schema, "-j/--json-schema"};
+    if (!o.grammar_file.empty()) return file(K::GRAMMAR, o.grammar_file, "--grammar-file", "the grammar file");
+    if (!o.json_schema_file.empty())
+        return file(K::JSON_SCHEMA, o.json_schema_file, "--json-schema-file", "the JSON schema file");
+    return {};  // parse_run_args lets at most one of the four through
 }
 
 SamplingParams sampling_from(const RunOptions& o) {
@@ -142,10 +161,12 @@ struct Reply {
 
 class Runner {
 public:
-    Runner(std::shared_ptr<const Model> model, Context& ctx, Sampler& sampler, Timing& timing, const RunOptions& o)
+    Runner(std::shared_ptr<const Model> model, Context& ctx, Sampler& sampler, Timing& timing, const RunOptions& o,
+           const Grammar* grammar)
         : model_(std::move(model)), ctx_(ctx), sampler_(sampler), timing_(timing), o_(o),
           vocab_(model_->vocab()), stops_(end_tokens(vocab_)) {
         if (o.ignore_eos) banned_.swap(stops_);
+        if (grammar != nullptr) grammar_ = std::make_unique<GrammarMatcher>(*grammar);
     }
 
     // Tokenizes prompt text (special tokens parsed) and feeds it; `verbose_prompt` prints it first.
@@ -185,11 +206,15 @@ public:
         TokenStreamDecoder stream(vocab_);
         const int64_t n_vocab = model_->hparams().n_vocab;
         Reply reply;
+        if (grammar_) grammar_->reset();
         for (int64_t i = 0; n_predict < 0 || i < n_predict; ++i) {
+            if (grammar_ && o_.ignore_eos && grammar_->is_stopped()) break;
             const auto t0 = Clock::now();
-            const int32_t tok = sampler_.sample(ban_tokens(logits, n_vocab, banned_, scratch_), n_vocab);
-            timing_.gen_ms += ms_since(t0);
+            const int32_t tok =
+                sampler_.sample(ban_tokens(logits, n_vocab, banned_, scratch_), n_vocab, grammar_.get());
             const bool stop = std::find(stops_.begin(), stops_.end(), tok) != stops_.end();
+            if (grammar_ && !stop) grammar_->accept(tok);
+            timing_.gen_ms += ms_since(t0);
             if (!stop) {
                 const std::string piece = stream.push(tok);
                 std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -227,6 +252,7 @@ private:
     std::vector<int32_t> stops_;   // end-of-generation tokens that end a reply
     std::vector<int32_t> banned_;  // --ignore-eos: the same tokens, never sampled
     std::vector<float> scratch_;
+    std::unique_ptr<GrammarMatcher> grammar_;  // --grammar / --json-schema, else null
     int64_t n_past_ = 0;
 };
 
@@ -339,6 +365,7 @@ int run_generate(const RunOptions& o) {
     }
     if (o.parallel > 1) return run_generate_parallel(o);
     const SamplingParams sp = sampling_from(o);
+    const GrammarSource grammar_src = grammar_source_from(o);
     std::string prompt;
     if (o.has_prompt && !o.prompt_file.empty()) throw Error("give the prompt with -p or -f, not both");
     if (o.has_prompt) prompt = o.prompt;
@@ -364,11 +391,13 @@ int run_generate(const RunOptions& o) {
                      "past it\n", ctx.n_ctx(), static_cast<long long>(model->hparams().n_ctx_train));
     }
 
+    const std::unique_ptr<Grammar> grammar =
+        grammar_for_run(grammar_src, model->vocab(), model->hparams().n_vocab, end_tokens(model->vocab()));
     Sampler sampler(sp);
     std::fprintf(stderr, "sampling: temp %.2f, top_k %d, top_p %.2f, min_p %.2f, repeat_penalty %.2f "
                  "(last %d), seed %llu\n\n", sp.temp, sp.top_k, sp.top_p, sp.min_p, sp.repeat_penalty,
                  sp.repeat_last_n, static_cast<unsigned long long>(sampler.seed()));
-    Runner runner(model, ctx, sampler, timing, o);
+    Runner runner(model, ctx, sampler, timing, o, grammar.get());
     const Vocab& vocab = model->vocab();
     if (o.interactive) {
         ChatSession chat(chat_format_of(*model));

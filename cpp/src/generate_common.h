@@ -9,6 +9,7 @@
 
 #include "bonsai/cli_args.h"
 #include "bonsai/context.h"
+#include "bonsai/grammar.h"
 #include "bonsai/model.h"
 #include "bonsai/sampling.h"
 #include "bonsai/vocab.h"
@@ -22,6 +23,9 @@ std::shared_ptr<const Model> load_model_for_run(const RunOptions& o);
 // Context parameters of the options (batch size, threads, KV types, flash attention) for n_ctx
 // cells and n_seq_max sequences.
 ContextParams context_params_from(const RunOptions& o, int n_ctx, int n_seq_max = 1);
+// The --grammar / --grammar-file / -j / -jf constraint of the options, files read (Kind::NONE
+// without one); throws bonsai::Error naming the flag when a file cannot be read.
+GrammarSource grammar_source_from(const RunOptions& o);
 // Sampling parameters of the options, validated (throws bonsai::Error on a bad value).
 SamplingParams sampling_from(const RunOptions& o);
 // Token ids that end a generation: EOS plus the end-of-turn control tokens the vocabulary has.

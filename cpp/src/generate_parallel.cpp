@@ -28,6 +28,9 @@
 // least the last prompt token is always evaluated so there are logits to sample from. A token's
 // KV depends only on the tokens before it, so the output does not change with reuse.
 //
+// With --grammar / --json-schema every sequence has its own matcher (created when it takes a slot),
+// applied as in a single run (generate.cpp).
+//
 // Timing (stderr): per sequence, its prompt/generated token counts and generated tokens/s over
 // the time it held a slot; then aggregate prompt and generation tokens/s over the whole run.
 #include <algorithm>
@@ -73,6 +76,7 @@ struct Slot {
     std::vector<int32_t> cached;     // tokens whose KV the sequence holds, positions 0..size-1
     int32_t pending = -1;            // sampled token to evaluate next step, -1 = none
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<GrammarMatcher> grammar;  // --grammar / --json-schema, else null
     std::unique_ptr<TokenStreamDecoder> stream;
 };
 
@@ -114,8 +118,8 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 class ParallelRunner {
 public:
     ParallelRunner(Context& ctx, const RunOptions& o, const SamplingParams& sp, uint64_t seed_base,
-                   std::vector<PromptSeq>& seqs, int n_slots, int slot_ctx)
-        : ctx_(ctx), o_(o), sp_(sp), seed_base_(seed_base), seqs_(seqs), slot_ctx_(slot_ctx),
+                   std::vector<PromptSeq>& seqs, int n_slots, int slot_ctx, const Grammar* grammar)
+        : ctx_(ctx), o_(o), sp_(sp), seed_base_(seed_base), seqs_(seqs), slot_ctx_(slot_ctx), grammar_(grammar),
           vocab_(ctx.model().vocab()), stops_(end_tokens(vocab_)), n_vocab_(ctx.model().hparams().n_vocab) {
         if (o.ignore_eos) banned_.swap(stops_);  // --ignore-eos: never stop at, never sample them
         slots_.resize(n_slots);
@@ -199,6 +203,7 @@ private:
         sp.seed = offset_seed(seed_base_, static_cast<uint64_t>(index));
         slot.sampler = std::make_unique<Sampler>(sp);
         for (int32_t t : prompt) slot.sampler->accept(t);
+        if (grammar_ != nullptr) slot.grammar = std::make_unique<GrammarMatcher>(*grammar_);
         p.n_reused = static_cast<int64_t>(reuse);
         p.t_start = Clock::now();
     }
@@ -252,8 +257,11 @@ private:
 
     void sample_next(Slot& s, const float* logits) {
         PromptSeq& p = seqs_[s.seq];
-        const int32_t tok = s.sampler->sample(ban_tokens(logits, n_vocab_, banned_, scratch_), n_vocab_);
+        if (s.grammar && o_.ignore_eos && s.grammar->is_stopped()) return finish(s, "grammar complete");
+        const int32_t tok =
+            s.sampler->sample(ban_tokens(logits, n_vocab_, banned_, scratch_), n_vocab_, s.grammar.get());
         if (std::find(stops_.begin(), stops_.end(), tok) != stops_.end()) return finish(s, "stop");
+        if (s.grammar) s.grammar->accept(tok);
         s.sampler->accept(tok);
         const std::string piece = s.stream->push(tok);
         p.output += piece;
@@ -277,6 +285,7 @@ private:
         s.seq = -1;
         s.pending = -1;
         s.sampler.reset();
+        s.grammar.reset();
     }
 
     // The whole text at once, each line prefixed by "[index] "; stdout is flushed so a reader sees
@@ -303,6 +312,7 @@ private:
     uint64_t seed_base_;
     std::vector<PromptSeq>& seqs_;
     int64_t slot_ctx_;
+    const Grammar* grammar_;
     const Vocab& vocab_;
     std::vector<int32_t> stops_;
     std::vector<int32_t> banned_;
@@ -328,6 +338,7 @@ int run_generate_parallel(const RunOptions& o) {
                     " sequences one context holds; use --parallel " + std::to_string(KvCache::kMaxSeq) + " or less");
     }
     const SamplingParams sp = sampling_from(o);
+    const GrammarSource grammar_src = grammar_source_from(o);
     std::vector<PromptSeq> seqs = read_prompt_lines(o.prompt_file, o.escape);
 
     const auto t_load = Clock::now();
@@ -364,7 +375,9 @@ int run_generate_parallel(const RunOptions& o) {
                  "(last %d), seed %llu + prompt index\n\n", sp.temp, sp.top_k, sp.top_p, sp.min_p,
                  sp.repeat_penalty, sp.repeat_last_n, static_cast<unsigned long long>(seed_base));
 
-    ParallelRunner runner(ctx, o, sp, seed_base, seqs, n_slots, static_cast<int>(slot_ctx));
+    const std::unique_ptr<Grammar> grammar =
+        grammar_for_run(grammar_src, vocab, model->hparams().n_vocab, end_tokens(vocab));
+    ParallelRunner runner(ctx, o, sp, seed_base, seqs, n_slots, static_cast<int>(slot_ctx), grammar.get());
     const auto t0 = Clock::now();
     runner.run();
     const double wall_ms = ms_between(t0, Clock::now());

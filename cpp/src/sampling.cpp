@@ -101,7 +101,7 @@ void Sampler::adjust(float* logits, int64_t n_vocab) const {
     }
 }
 
-int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
+int32_t Sampler::sample(const float* logits, int64_t n_vocab, TokenConstraint* constraint) {
     if (n_vocab <= 0) throw Error("sample: empty logits");
     adjusted_.resize(n_vocab);
     for (int64_t i = 0; i < n_vocab; ++i) {
@@ -109,12 +109,15 @@ int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
     }
     std::copy_n(logits, n_vocab, adjusted_.data());
     adjust(adjusted_.data(), n_vocab);
+    if (constraint != nullptr) constraint->apply(adjusted_.data());
     cand_.resize(n_vocab);
     bool any = false;
     for (int64_t i = 0; i < n_vocab; ++i) {
         cand_[i] = {static_cast<int32_t>(i), adjusted_[i], 0.0f};
         any = any || adjusted_[i] != -std::numeric_limits<float>::infinity();
     }
+    if (!any && constraint != nullptr)
+        throw Error("sample: the grammar allows only tokens that logit_bias or --ignore-eos ban; ban fewer tokens");
     if (!any) throw Error("sample: every token is banned (all logits are -inf after logit_bias); ban fewer tokens");
     auto by_logit = [](const Candidate& a, const Candidate& b) {
         return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);

@@ -149,6 +149,28 @@ void test_config() {
     for (const auto& p : {cfg, bad_key, bad_value, bad_json, bad_bool}) std::remove(p.c_str());
 }
 
+void test_grammar_flags() {
+    const RunOptions g = parse({"-m", "x", "--grammar", "root ::= \"a\""});
+    CHECK(g.grammar == "root ::= \"a\"" && g.json_schema.empty());
+    CHECK(parse({"-m", "x", "-j", "{}"}).json_schema == "{}");
+    CHECK(parse({"-m", "x", "--json-schema={\"type\": \"object\"}"}).json_schema == "{\"type\": \"object\"}");
+    CHECK(parse({"-m", "x", "-jf", "s.json"}).json_schema_file == "s.json");
+    CHECK(parse({"-m", "x", "--grammar-file", "g.gbnf"}).grammar_file == "g.gbnf");
+    EXPECT_ERROR("--grammar and -j/--json-schema cannot be used together", "-m", "x", "--grammar", "a", "-j", "{}");
+    EXPECT_ERROR("--grammar-file and -jf/--json-schema-file cannot be used together", "-m", "x", "-jf", "a",
+                 "--grammar-file", "b");
+    EXPECT_ERROR("--grammar and --grammar-file cannot be used together", "-m", "x", "--grammar-file", "b",
+                 "--grammar", "a");
+    EXPECT_ERROR("invalid value '' for -j (--json-schema): expected a JSON schema", "-m", "x", "-j", "");
+    EXPECT_ERROR("invalid value '' for --grammar: expected a grammar text", "-m", "x", "--grammar=");
+    EXPECT_ERROR("-jf needs a value (FILE)", "-m", "x", "-jf");
+    // --config takes them as it takes every flag; a conflict with the command line is refused
+    const std::string cfg = write_temp("{\"json-schema\": \"{\\\"type\\\": \\\"object\\\"}\"}");
+    CHECK(parse({"-m", "x", "--config", cfg}).json_schema == "{\"type\": \"object\"}");
+    EXPECT_ERROR("cannot be used together", "-m", "x", "--config", cfg, "--grammar", "root ::= \"a\"");
+    std::remove(cfg.c_str());
+}
+
 void test_help() {
     const std::string help = run_help("bonsai_run");
     for (const char* flag : {"--model", "--config", "--tokenizer", "--n-gpu-layers", "--ctx-size",
@@ -156,7 +178,9 @@ void test_help() {
                              "--repeat-last-n", "--cache-type-k", "--cache-type-v", "--flash-attn",
                              "--cuda-graph", "--no-mmap", "--parallel", "--batch-size",
                              "--cache-prompt", "--threads", "--seed", "--prompt", "--file",
-                             "--n-predict", "--interactive", "--inspect", "--help", "examples:"})
+                             "--n-predict", "--interactive", "--inspect", "--help", "examples:",
+                             "--grammar GRAMMAR", "--grammar-file FILE", "-j, --json-schema SCHEMA",
+                             "-jf, --json-schema-file FILE", "GBNF", "Lark", "'name ::=' rule means GBNF"})
         CHECK(help.find(flag) != std::string::npos);
     CHECK(run_usage("bonsai_run").find("--help") != std::string::npos);
 }
@@ -168,6 +192,7 @@ int main() {
     test_offset_seed();
     test_errors();
     test_config();
+    test_grammar_flags();
     test_help();
     if (g_failures) {
         std::fprintf(stderr, "test_cli_args: %d failure(s)\n", g_failures);

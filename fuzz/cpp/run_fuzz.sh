@@ -4,7 +4,7 @@
 #
 #   fuzz/cpp/run_fuzz.sh BUILD_DIR [HARNESS...] [-- LIBFUZZER_FLAGS...]
 #
-# BUILD_DIR holds fuzz_gguf, fuzz_vocab and fuzz_cli_args; HARNESS names a subset (default all).
+# BUILD_DIR holds fuzz_gguf, fuzz_vocab, fuzz_cli_args and fuzz_gbnf; HARNESS names a subset (default all).
 # LIBFUZZER_FLAGS default to a CI smoke, -max_total_time=5; for a long run pass e.g.
 # -- -runs=1000000. The seeds are regenerated into BUILD_DIR/seeds by make_seeds.py (needs numpy
 # and gguf), the growing corpus is kept in BUILD_DIR/corpus/<harness>, crash inputs are written to
@@ -17,7 +17,7 @@ harnesses=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do harnesses+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 flags=("$@")
-[ ${#harnesses[@]} -eq 0 ] && harnesses=(fuzz_gguf fuzz_vocab fuzz_cli_args)
+[ ${#harnesses[@]} -eq 0 ] && harnesses=(fuzz_gguf fuzz_vocab fuzz_cli_args fuzz_gbnf)
 [ ${#flags[@]} -eq 0 ] && flags=(-max_total_time=5)
 
 python3 "$here/make_seeds.py" "$build/seeds" >/dev/null

@@ -32,6 +32,11 @@ struct RunOptions {
     std::vector<std::string> reverse_prompts;  // -r, --reverse-prompt (repeatable)
     bool ignore_eos = false;      // --ignore-eos: never stop at (and never sample) end-of-generation tokens
     bool inspect = false;         // --inspect: print the file summary and exit
+    // at most one of these four (grammar.h): the output is constrained by a grammar or JSON schema
+    std::string grammar;          // --grammar: GBNF or Lark text
+    std::string grammar_file;     // --grammar-file: a file of GBNF or Lark
+    std::string json_schema;      // -j, --json-schema: a JSON schema text
+    std::string json_schema_file; // -jf, --json-schema-file: a file holding a JSON schema
 
     // generation and sampling
     int32_t n_predict = -1;       // -n: tokens to generate, -1 = until end of text or context full

@@ -44,14 +44,23 @@ struct SamplingParams {
     uint64_t seed = kRandomSeed;  // kRandomSeed draws a random seed (see random_seed())
 };
 
+// A constraint on the next token (a grammar matcher, see grammar.h): sets the logits of the tokens
+// it forbids to -inf. Sampler::sample applies it after logit_bias and the penalties and before
+// the truncation stages, so every stage (and the greedy pick) sees only allowed tokens.
+class TokenConstraint {
+public:
+    virtual ~TokenConstraint() = default;
+    virtual void apply(float* logits) = 0;
+};
+
 class Sampler {
 public:
     // Throws bonsai::Error naming the first invalid parameter.
     explicit Sampler(const SamplingParams& params);
 
-    // Picks a token from n_vocab logits (not modified). Throws if logit_bias names a token outside
-    // the vocabulary or bans every token.
-    int32_t sample(const float* logits, int64_t n_vocab);
+    // Picks a token from n_vocab logits (not modified), among those `constraint` allows (when
+    // given). Throws if logit_bias names a token outside the vocabulary or every token is banned.
+    int32_t sample(const float* logits, int64_t n_vocab, TokenConstraint* constraint = nullptr);
     // Applies logit_bias and the penalties to n_vocab logits in place: the logits the truncation
     // stages (top-k ...) and the greedy pick see. Banned tokens become -inf.
     void adjust(float* logits, int64_t n_vocab) const;
