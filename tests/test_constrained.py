@@ -232,3 +232,24 @@ def test_compute_masks_matches_one_by_one(llm):
     for want, m in zip(one_by_one, together):
         out = m.allowed_mask(row)
         assert np.array_equal(out[want], row[want]) and np.all(np.isneginf(out[~want]))
+
+
+@engine
+def test_grammar_on_a_space_prefix_sentencepiece_vocabulary(tmp_path):
+    """A SentencePiece vocabulary that adds U+2581 before any text: the forced grammar strings are
+    split into exact pieces (not tokenized with the prefix, which llguidance would refuse)."""
+    import re
+
+    from model_factory import make_hf_model
+
+    from bonsai_runner import Llama
+    from bonsai_runner.convert import convert
+
+    m = make_hf_model(tmp_path / "m", arch="llama", tokenizer="spm", seed=3)
+    convert(str(m["dir"]), str(tmp_path / "spm.gguf"), "f16", progress=False, log=lambda s: None)
+    with Llama(str(tmp_path / "spm.gguf"), n_ctx=128, verbose=False) as llm:
+        assert llm.metadata.get("tokenizer.ggml.model") == "llama"
+        for seed in (0, 1):
+            text = llm.create_completion("Number:", max_tokens=12, temperature=1.0, seed=seed,
+                                         grammar='root ::= "{" [0-9]+ "}"')["choices"][0]["text"]
+            assert re.fullmatch(r"\{[0-9]+\}?", text), text

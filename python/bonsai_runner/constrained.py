@@ -203,11 +203,44 @@ class ConstraintVocabulary:
 
             def __call__(self, text):
                 data = text if isinstance(text, bytes) else text.encode("utf-8")
+                if greedy is not None:
+                    return greedy(data)
                 return list(model.tokenize(data, add_special=False, parse_special=False))
+
+        # A SentencePiece vocabulary that adds a space prefix puts U+2581 before any text it is
+        # given, so its tokens of a forced grammar string would not spell that string: there the
+        # string is split greedily into the longest token pieces instead (exact bytes, which is
+        # what llguidance needs; bonsai_run's grammar.cpp lets llguidance do the same).
+        greedy = (_greedy_tokenizer(tokens) if metadata.get("tokenizer.ggml.model") == "llama"
+                  and metadata.get("tokenizer.ggml.add_space_prefix", True) else None)
 
         self.n_vocab = n_vocab
         self.eog_ids = eog
         self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Tokenizer()), n_vocab=n_vocab, eos_token=eog)
+
+
+def _greedy_tokenizer(tokens: Sequence[bytes]):
+    """bytes -> token ids: longest piece first at each position (special tokens never match)."""
+    ids: dict[bytes, int] = {}
+    for i, t in enumerate(tokens):
+        if t and not t.startswith(b"\xff"):
+            ids.setdefault(t, i)
+    longest = max((len(t) for t in ids), default=1)
+
+    def split(data: bytes) -> list[int]:
+        out, at = [], 0
+        while at < len(data):
+            for n in range(min(longest, len(data) - at), 0, -1):
+                tok = ids.get(data[at:at + n])
+                if tok is not None:
+                    out.append(tok)
+                    at += n
+                    break
+            else:
+                raise ConstraintError(f"the vocabulary has no token for byte 0x{data[at]:02x} of a grammar "
+                                      "string", "grammar")
+        return out
+    return split
 
 
 def _piece(model: Any, token: int) -> bytes:
