@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""The quantizer's quality table (issue #4): RTN vs PTQ1_0 at three budgets, against the F16 model.
+"""The quantizer's quality table (issues #4, #17): RTN vs PTQ1_0 at several budgets, against the F16 model.
 
-Rows (same model, same calibration set, same evaluation text):
-    RTN g128            `bonsai quantize --method rtn` (round-to-nearest ternary, no data)
-    PTQ1_0 default      the default policy (ternary q/k/v/o/gate/up, down_proj Q8_0)
-    PTQ1_0 bpw 2.5      `--target-bpw 2.5`
-    PTQ1_0 bpw 4        `--target-bpw 4`
+Rows (same model, same calibration set, same evaluation text; --rows picks some):
+    rtn        `bonsai quantize --method rtn` (round-to-nearest ternary, no data)
+    rtn-rot    the same with `--rotate hadamard`
+    gptq       the default policy (ternary q/k/v/o/gate/up, down_proj Q8_0) with `--rotate none`
+    default    the default policy as it runs by default (GPTQ on the Hadamard-rotated model)
+    bpw2.1 .. bpw4.2   `--target-bpw B` (rotated)
 Columns: bits per weight over the linear layers and over the whole file (scales included, from
 quant_config.json), PPL on the built-in evaluation text (or --file), PPL ratio to the F16
 reference, mean KL-divergence and same-top-token share against the reference's saved
@@ -39,9 +40,13 @@ from pathlib import Path
 
 ROWS = {
     "rtn": ("RTN g128 (no calibration)", ["--method", "rtn"]),
-    "default": ("PTQ1_0 default policy", []),
+    "rtn-rot": ("RTN g128 + Hadamard rotation", ["--method", "rtn", "--rotate", "hadamard"]),
+    "gptq": ("PTQ1_0 default policy, GPTQ, no rotation", ["--rotate", "none"]),
+    "default": ("PTQ1_0 default policy (GPTQ + rotation)", []),
+    "bpw2.1": ("PTQ1_0 --target-bpw 2.1", ["--target-bpw", "2.1"]),
     "bpw2.5": ("PTQ1_0 --target-bpw 2.5", ["--target-bpw", "2.5"]),
     "bpw4": ("PTQ1_0 --target-bpw 4", ["--target-bpw", "4"]),
+    "bpw4.2": ("PTQ1_0 --target-bpw 4.2", ["--target-bpw", "4.2"]),
 }
 LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:]); "
             "_, st, ru = os.wait4(p.pid, 0); print('PEAK_RSS_KB', ru.ru_maxrss, flush=True); "
@@ -92,7 +97,7 @@ def main(argv=None) -> int:
                     help="F16 reference GGUF (default: the demo's cached F16 of the real model)")
     ap.add_argument("--source", type=Path, default=None,
                     help="quantizer input (GGUF file or HF directory; default: --reference)")
-    ap.add_argument("--rows", default="rtn,default,bpw2.5,bpw4",
+    ap.add_argument("--rows", default="rtn,gptq,default,bpw2.1,bpw2.5,bpw4,bpw4.2",
                     help=f"comma-separated subset of {','.join(ROWS)}")
     ap.add_argument("--max-samples", type=int, default=128, help="calibration sequences")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per calibration sequence")

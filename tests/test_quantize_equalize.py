@@ -27,7 +27,7 @@ def setup(request, tmp_path_factory):
     m = make_hf_model(d / "m", arch=request.param, tokenizer="bpe", hidden=128, ffn=256,
                       n_layer=1, n_head=4, n_head_kv=2, seed=7)
     q = Quantizer(QuantizeOptions(model_dir=str(m["dir"]), output_dir=str(d / "o"),
-                                  progress=False, forward_dtype="float32"),   # exact folds
+                                  progress=False, forward_dtype="float32", equalize=True),  # exact folds
                   log=lambda s: None)
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((3, 16, 128)).astype(np.float32))
     return q, x

@@ -74,6 +74,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="activation-aware channel scaling before the ternary fit (AWQ-style, "
                    "exact folds into the norms / v rows; on Qwen2.5-0.5B it changed layer errors "
                    "by ~0.1%% but raised the mean KL from 2.42 to 2.65: off by default)")
+    p.add_argument("--rotate", default="auto", metavar="auto|none|hadamard[:B]",
+                   help="fold the prism.hadamard rotation (random signs + blockwise Walsh-Hadamard, "
+                   "signs from --seed) into every decoder linear before quantizing: Hessians, GPTQ "
+                   "and the tier estimates see the rotated activations, and the file carries the "
+                   "prism.hadamard keys the engine (and PrismML's fork) rotates with; B: a power of "
+                   "two, default the largest up to 1024 dividing every input width. auto (the default): "
+                   "hadamard where it applies (not qwen35, --equalize, --method rtn or already-ternary "
+                   "weights); "
+                   "on Qwen2.5-0.5B it cut the PPL ratio from 12.8 to 3.4")
     p.add_argument("--device", default="auto",
                    help="torch device of the quantizer: auto (CUDA when available), cpu, cuda, "
                         "cuda:N")
@@ -102,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         damp=args.damp, method=args.method,
         equalize=args.equalize, refine_target=args.refine_target,
         float_target=args.float_target, force=args.force, progress=not args.no_progress,
-        device=args.device, forward_dtype=args.forward_dtype)
+        device=args.device, forward_dtype=args.forward_dtype, rotate=args.rotate)
     result = quantize_model(opts)
     if result["output_dir"]:
         print(result["output_dir"])

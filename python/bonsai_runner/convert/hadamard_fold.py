@@ -75,14 +75,43 @@ def fold_plan(items: list, metadata: list[MetaKV], block: int, seed: int, allow_
         s = signs[it.shape[-1]].astype(np.float64)
         it.load = _rotated_loader(it.load, s, block)
         it.exact = False
-    meta = []
-    keys = metadata_keys(block, signs, folded, inverse_embd=True)
-    types = {"version": "UINT32", "block_size": "UINT32", "transform": "STRING", "axis": "STRING",
-             "sign_mode": "STRING", "weight_names": "STRING", "sign_widths": "INT32",
-             "sign_values": "INT32", "inverse_weight_names": "STRING"}
-    for k, v in keys.items():
-        meta.append(MetaKV(k, v, types[k[len(PREFIX):]]))
-    return out, meta
+    return out, rotation_metadata(block, signs, folded, inverse_embd=True)
+
+
+_KEY_TYPES = {"version": "UINT32", "block_size": "UINT32", "transform": "STRING", "axis": "STRING",
+              "sign_mode": "STRING", "weight_names": "STRING", "sign_widths": "INT32",
+              "sign_values": "INT32", "inverse_weight_names": "STRING"}
+
+
+def rotation_metadata(block: int, signs: dict[int, np.ndarray], folded: list[str],
+                      inverse_embd: bool) -> list[MetaKV]:
+    """The prism.hadamard.* keys (typed) of an explicit-sign rotation of the GGUF weights `folded`."""
+    keys = metadata_keys(block, signs, folded, inverse_embd=inverse_embd)
+    return [MetaKV(k, v, _KEY_TYPES[k[len(PREFIX):]]) for k, v in keys.items()]
+
+
+def quantizer_rotation_metadata(rotation: dict, gguf_names: dict[str, str],
+                                widths: dict[str, int]) -> list[MetaKV]:
+    """The keys of a `bonsai quantize --rotate` directory (its config's bonsai.rotation):
+    `gguf_names` / `widths` map its HF weight names to GGUF names and input widths."""
+    where = "quantization_config.bonsai.rotation"
+    if not isinstance(rotation, dict) or rotation.get("method") != "hadamard":
+        raise BonsaiError(f"{where}: expected {{\"method\": \"hadamard\", ...}}, got {rotation!r}")
+    try:
+        block, seed = int(rotation["block_size"]), int(rotation["seed"])
+        names = [str(n) for n in rotation["weight_names"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise BonsaiError(f"{where}: block_size, seed and weight_names are required ({e})") from None
+    check_block(block)
+    unknown = [n for n in names if n not in gguf_names]
+    if unknown:
+        raise BonsaiError(f"{where}: {unknown[0]} is not a linear weight of this directory")
+    bad = [n for n in names if widths[n] % block]
+    if bad:
+        raise BonsaiError(f"{where}: {bad[0]} has input width {widths[bad[0]]}, not a multiple of "
+                          f"block_size {block}")
+    signs = {w: seeded_signs(w, seed) for w in sorted({widths[n] for n in names})}
+    return rotation_metadata(block, signs, [gguf_names[n] for n in names], inverse_embd=False)
 
 
 def _rotated_loader(load, signs: np.ndarray, block: int, rows_per_step: int = 8192):

@@ -139,6 +139,12 @@ def convert_hf(src: str | Path, outfile: str | Path, outtype: str = "auto", *,
     meta += family.metadata()
     meta += tok.metadata()
     meta += _bonsai_keys(source, plan, linear_params)
+    if isinstance(source, Ptq1Dir) and source.bonsai.get("rotation") is not None:
+        from .hadamard_fold import quantizer_rotation_metadata
+
+        meta += quantizer_rotation_metadata(source.bonsai["rotation"],
+                                            {s.hf_name: s.gguf_name for s in specs},
+                                            {s.hf_name: int(s.shape[-1]) for s in specs})
 
     writer = open_writer(out, family.gguf_arch)
     add_metadata(writer, meta)

@@ -3,7 +3,9 @@
 Specification: docs/ptq1_directory.md. In short, a Hugging Face model directory whose config.json
 carries a compressed-tensors `quantization_config` (quant_method "compressed-tensors", format
 "pack-quantized", one config group per tier listing its modules as targets, plus a "bonsai"
-section: format_version, scheme, tier of each group, activation mode), the tokenizer files, and
+section: format_version, scheme, tier of each group, activation mode, and with `bonsai quantize
+--rotate` the rotation whose rotated rows the weights are: method, block_size, seed, weight_names),
+the tokenizer files, and
 safetensors in which each quantized module `M` is stored as
     M.weight_packed  int32   [out, in * num_bits / 32]   (ptq1_pack.pack_codes)
     M.weight_scale   float16 [out, in / group]
@@ -106,7 +108,7 @@ class Ptq1DirWriter:
     def __init__(self, out_dir: str | os.PathLike, config: dict, *, tokenizer_dir=None,
                  scheme: str = "ptq1_0", activation_mode: str = "int8_per_token",
                  calibration: dict | None = None, max_shard_bytes: int = 4 << 30,
-                 force: bool = False):
+                 force: bool = False, rotation: dict | None = None):
         self.out = Path(out_dir)
         if self.out.exists() and not force:
             raise BonsaiError(f"{self.out} already exists; pass --force to replace it")
@@ -119,6 +121,7 @@ class Ptq1DirWriter:
         self.config.pop("quantization_config", None)
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else None
         self.scheme, self.activation_mode, self.calibration = scheme, activation_mode, calibration
+        self.rotation = rotation       # quantize/rotation.py Rotation.describe(): rotated weights
         self.max_shard_bytes = max_shard_bytes
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
@@ -245,7 +248,8 @@ class Ptq1DirWriter:
             "ignore": list(self.ignore),
             "bonsai": {"format_version": FORMAT_VERSION, "scheme": self.scheme,
                        "group_size": TIERS[self.scheme].group, "tiers": tiers,
-                       "activation_mode": self.activation_mode},
+                       "activation_mode": self.activation_mode,
+                       **({"rotation": self.rotation} if self.rotation is not None else {})},
         }
 
     def close(self) -> Path:

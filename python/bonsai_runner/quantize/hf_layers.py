@@ -14,6 +14,9 @@ autograd through the same forward (refine.py).
   calibration sequence (all sequences are full length; no padding).
 - Activations: forward pre-hooks on the layer's linear modules capture their inputs (the
   "capture" callbacks of the pipeline), and can stop the forward once the wanted input is seen.
+- Rotation (`--rotate`, rotation.py): with `rotation` set, the rotated linears' inputs are
+  replaced by WHT_B(s ⊙ x) in a pre-hook that runs before the capture hooks, so the captured
+  activations are the rotated ones (the weights handed in are then the rotated rows).
 - Precision of the calibration forward (`forward_dtype`): float32, or bfloat16 autocast (the
   matrix products and attention in bfloat16, norms and the residual stream in float32) where the
   device multiplies bfloat16 natively (resolve_forward_dtype). Captured inputs and the layer output
@@ -157,6 +160,7 @@ class HfLayers:
             with torch.device(device):
                 self.rotary = type(rot)(config=cfg).to(device)
         self._pos: dict[int, tuple] = {}
+        self.rotation = None       # rotation.Rotation: rotate the inputs of its linear modules
 
     @property
     def n_layer(self) -> int:
@@ -194,6 +198,18 @@ class HfLayers:
         if replace is not None:
             name, make = replace
             layer.get_submodule(name).forward = lambda *a, **k: make(layer)
+        if self.rotation is not None:
+            rotated, done = self.rotation.module_names(), {}
+
+            def rot(m, args):
+                a = args[0]
+                key = id(a)
+                if key not in done:     # q/k/v (gate/up) share one input: rotate it once
+                    done[key] = (a, self.rotation.apply(a).to(a.dtype))
+                return (done[key][1],) + tuple(args[1:])
+            for name, mod in layer.named_modules():
+                if name in rotated:
+                    hooks.append(mod.register_forward_pre_hook(rot))
         if capture is not None:
             for name, mod in layer.named_modules():
                 if isinstance(mod, torch.nn.Linear):

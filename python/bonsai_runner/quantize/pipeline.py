@@ -88,6 +88,7 @@ class QuantizeOptions:
     progress: bool = True
     device: str = "auto"                   # auto | cpu | cuda | cuda:N (hf_layers.resolve_device)
     forward_dtype: str = "auto"            # calibration forward: auto | float32 | bfloat16
+    rotate: str | None = "auto"            # auto | none | hadamard | hadamard:B (rotation.py)
 
 
 def _stderr(msg: str) -> None:
@@ -197,7 +198,10 @@ class BlockRunner:
         if short is not None:
             def make(layer, short=short, seqs=seqs):
                 a = short.inputs[seqs].to(self.device)
-                y = layer.get_submodule(short.linear)(a)
+                # the module's own product, without its hooks: the cached inputs were captured
+                # after the --rotate pre-hook, so they are rotated already
+                lin = layer.get_submodule(short.linear)
+                y = torch.nn.functional.linear(a, lin.weight, lin.bias)
                 return y if short.tuple_len is None else (y,) + (None,) * (short.tuple_len - 1)
             replace = (short.mixer, make)
         return self.layers.forward(i, params, xb, capture, stop_after, replace)
@@ -369,6 +373,7 @@ class Quantizer:
                               "checkpoint (language model under model.language_model.*) is not "
                               "supported by the quantizer yet; save its text model as "
                               "Qwen3_5ForCausalLM (tensors under model.*) and quantize that")
+        self.rotation = self._rotation(opts)
         if opts.equalize and self.family.gguf_arch == "qwen35":
             raise BonsaiError("--equalize is not supported for qwen35: its norms multiply by "
                               "(1 + w), which a channel scale cannot be folded into")
@@ -393,6 +398,47 @@ class Quantizer:
                   for s in self.specs if s.role == "linear"]
         if opts.target_bpw is not None:
             check_target(opts.target_bpw, linear, self.policy.ternary)
+
+    def _rotation(self, opts: QuantizeOptions):
+        """The --rotate Rotation (rotation.py), installed into the layers, or None."""
+        from .rotation import Rotation, choose_block, parse_rotate, rotated_names
+
+        block = parse_rotate(opts.rotate)
+        if block is None:
+            return None
+        if opts.rotate == "auto" and (self.family.gguf_arch == "qwen35" or opts.equalize
+                                      or opts.method == "rtn"):
+            why = ("--equalize" if opts.equalize else "--method rtn, the plain baseline"
+                   if opts.method == "rtn" else "qwen35")
+            self.log(f"--rotate auto: no rotation ({why} is quantized unrotated)")
+            return None
+        if self.family.gguf_arch == "qwen35":
+            raise BonsaiError("--rotate is not supported for qwen35 yet (its Gated DeltaNet out_proj "
+                              "columns are reordered by the converter); use --rotate none")
+        if opts.equalize:
+            raise BonsaiError("--rotate and --equalize cannot be combined: the channel scales would "
+                              "have to be folded through the rotation; use one of them")
+        widths = rotated_names(self.specs)
+        try:
+            block = choose_block(block, widths)
+        except BonsaiError as e:
+            if opts.rotate != "auto":
+                raise
+            self.log(f"--rotate auto: no rotation ({e})")
+            return None
+        rot = Rotation(block, opts.seed, self.device)
+        self.layers.rotation = rot
+        return rot
+
+    def _rotated(self) -> list[str]:
+        from .rotation import rotated_names
+
+        return list(rotated_names(self.specs))
+
+    def _block_weights(self, i: int, device) -> dict[str, torch.Tensor]:
+        """Block i's tensors on the device (short keys), its linears rotated with --rotate."""
+        w = _to_device(self.loader.load_block(i), device)
+        return w if self.rotation is None else self.rotation.rotate_block(w)
 
     # ----- already-ternary weights -----
 
@@ -440,6 +486,17 @@ class Quantizer:
                  f"forward in {self.forward_dtype_name}; {torch.get_num_threads()} CPU threads)")
         with self.timer("ternary scan"):
             lossless = self.scan_ternary()
+        if lossless and self.rotation is not None and o.rotate == "auto":
+            self.log("--rotate auto: no rotation (the checkpoint has already-ternary weights, "
+                     "packed as they are)")
+            self.rotation = self.layers.rotation = None
+        if lossless and self.rotation is not None:
+            raise BonsaiError(f"--rotate: {len(lossless)} linear weights are already ternary (e.g. "
+                              f"{next(iter(lossless))}); rotating them would lose that exact form. "
+                              "Quantize without --rotate")
+        if self.rotation is not None:
+            self.log(f"--rotate: Hadamard rotation, block {self.rotation.block}, signs seeded with "
+                     f"--seed {o.seed}, folded into {len(self._rotated())} linear weights")
         n_linear = sum(1 for s in self.specs
                        if s.role == "linear" and self.types[s.hf_name][0] in QUANT_TIERS)
         calib = None
@@ -473,6 +530,8 @@ class Quantizer:
             self.tier_plan = self._plan_target_bpw(calib, lossless, tqdm)
         with Ptq1DirWriter(o.output_dir, self.ckpt.config, tokenizer_dir=self.tokenizer_dir,
                            scheme=self.policy.ternary, calibration=summary_cal,
+                           rotation=(self.rotation.describe(self._rotated())
+                                     if self.rotation is not None else None),
                            force=o.force) as writer:
             report = self._quantize_all(writer, calib, lossless, tqdm)
             if "sensitivity" in report:
@@ -533,7 +592,7 @@ class Quantizer:
                    disable=not o.progress, file=sys.stderr)
         for i in bar:
             with tm("load"):
-                w = _to_device(self.loader.load_block(i), dev)
+                w = self._block_weights(i, dev)
             rep, qw, stored, short = self._quantize_block(i, w, x, lossless,
                                                           x_fp if o.float_target else None)
             if x_fp is not None:
@@ -643,7 +702,7 @@ class Quantizer:
         bar = tqdm(range(self.hp.n_layer), desc=f"estimating tiers (--target-bpw) on {self.device}",
                    unit="block", disable=not o.progress, file=sys.stderr)
         for i in bar:
-            w = _to_device(self.loader.load_block(i), self.device)
+            w = self._block_weights(i, self.device)
             todo = {}
             for key in LINEARS:
                 name = f"model.layers.{i}.{HF_KEYS[key]}"
@@ -869,7 +928,7 @@ class Quantizer:
                                                  else "lm_head.weight")).to(dev)
 
         def load_fp(j):
-            w = _to_device(self.loader.load_block(j), dev)
+            w = self._block_weights(j, dev)
             return lambda h: self.blocks.forward(j, w, h)
 
         res = heldout.losses(self.hp.n_layer, load_fp,
