@@ -154,19 +154,27 @@ def plain_fit(w: torch.Tensor, H: torch.Tensor, tier: str) -> tuple[torch.Tensor
     return quantize_rtn(w, g)
 
 
+ESTIMATE_ROWS = 256     # output rows the --target-bpw estimate fits (evenly spaced)
+
+
 def plain_fit_errors(w: torch.Tensor, H: torch.Tensor, tiers) -> tuple[dict[str, float], float]:
     """({tier: relative layer-output error of the plain fit}, tr(W H W^T)).
 
     The cheap per-tier estimate of --target-bpw's pre-pass: one plain fit and one matrix product
     per tier instead of a GPTQ sweep and a refit. GPTQ + refit lower a layer's error by a similar
     factor at every tier (policy.py gives the measured factors), so the plain-fit errors rank a
-    layer's tiers the way the final errors would."""
-    err_of = ErrorMeter(w, H)
+    layer's tiers the way the final errors would. The plain fit is per row, so the relative error
+    is estimated on at most ESTIMATE_ROWS evenly spaced rows (the energy scaled to all rows): on
+    Qwen2.5-0.5B (the demo's --target-bpw 4.5) that cut the pre-pass from 116 s to 65 s, PPL
+    ratio 1.21 -> 1.22 (the same within run-to-run noise)."""
+    step = -(-w.shape[0] // ESTIMATE_ROWS)
+    ws = w[::step]
+    err_of = ErrorMeter(ws, H)
     out = {}
     for t in tiers:
-        codes, scales = plain_fit(w, H, t)
+        codes, scales = plain_fit(ws, H, t)
         out[t] = err_of(dequantize(codes, scales, grid(t).group, w.dtype))
-    return out, err_of.ww
+    return out, err_of.ww * (w.shape[0] / ws.shape[0])
 
 
 def _upper_inverse_cholesky(H: torch.Tensor) -> torch.Tensor:
