@@ -25,7 +25,9 @@ Schemes for a config.json (no weights are read; sizes follow from shapes and typ
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -360,10 +362,30 @@ def describe_config(config: dict, source: str, outtype: str | None = None,
     for name, arr in fam.extra_tensors():
         n = int(arr.size)
         d.tensors.append(PlanTensor(name, "F32", 4 * n, n, ROLE_VECTOR, None, n))
+    n_signs = _quantizer_sign_count(fam.gguf_arch, specs) if outtype is None else 0
+    if n_signs:
+        d.tensors.append(PlanTensor("prism.hadamard.sign_values", "F32", 4 * n_signs, n_signs,
+                                    ROLE_VECTOR, None, n_signs))
     if outtype is None:
         d.notes.append("types before the quantizer's sensitivity analysis: each linear layer it "
                        "keeps at Q8_0 adds (8.5 - 1.75) / 8 bytes per weight")
     return d
+
+
+_ROTATED = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+
+
+def _quantizer_sign_count(arch: str, specs) -> int:
+    """The sign values of the rotation `bonsai quantize --rotate auto` folds in (one vector per
+    distinct input width of the decoder linears; quantize/rotation.py), which the engine holds
+    as float32: 0 for qwen35 or widths without a common power-of-two factor (not rotated)."""
+    if arch == "qwen35":
+        return 0
+    widths = {int(s.gguf_shape[-1]) for s in specs if _ROTATED.match(s.gguf_name)}
+    g = 0
+    for w in widths:
+        g = math.gcd(g, w)
+    return sum(widths) if g and g % 2 == 0 else 0
 
 
 def describe_hf(path: str | os.PathLike, outtype: str | None = None,

@@ -18,8 +18,8 @@ worked example - the 27B (default policy: 11.9 GiB of weights, 3.68 bpw over the
 on a 24 GB, 1008 GB/s card, all layers on the GPU (GPU total, largest context, decode ceiling):
   $ bonsai plan --preset 27b -ngl 99 --memory 24GB --bandwidth 1008GB/s -c 16384 -ctk f16 -ctv f16
      KV    ctx    KV cache    GPU total   largest ctx   ceiling
-     f16   8192    1.88 GiB   14.15 GiB      44003      69.5 t/s
-     f16   16384   3.75 GiB   16.03 GiB      44003      61.1 t/s
+     f16   8192    1.88 GiB   14.15 GiB      44002      69.5 t/s
+     f16   16384   3.75 GiB   16.03 GiB      44002      61.1 t/s
      q8_0  8192    1.00 GiB   13.28 GiB      82825      74.4 t/s
      q8_0  16384   1.99 GiB   14.27 GiB      82825      68.9 t/s
   all-ternary (--outtype ptq1_0, 6.0 GiB) at 16K f16: 10.10 GiB, ceiling 99.4 t/s;
