@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -372,16 +371,15 @@ def describe_config(config: dict, source: str, outtype: str | None = None,
     return d
 
 
-_ROTATED = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
-
-
 def _quantizer_sign_count(arch: str, specs) -> int:
     """The sign values of the rotation `bonsai quantize --rotate auto` folds in (one vector per
     distinct input width of the decoder linears; quantize/rotation.py), which the engine holds
     as float32: 0 for qwen35 or widths without a common power-of-two factor (not rotated)."""
+    from .convert.hadamard_fold import FOLDABLE
+
     if arch == "qwen35":
         return 0
-    widths = {int(s.gguf_shape[-1]) for s in specs if _ROTATED.match(s.gguf_name)}
+    widths = {int(s.gguf_shape[-1]) for s in specs if FOLDABLE.match(s.gguf_name)}
     g = 0
     for w in widths:
         g = math.gcd(g, w)

@@ -24,7 +24,7 @@ from ..errors import BonsaiError
 from ..hadamard import PREFIX, is_power_of_two, metadata_keys, rotate, seeded_signs
 from .arch.base import MetaKV
 
-_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_gate|attn_output|ffn_gate|ffn_up|"
+FOLDABLE = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_gate|attn_output|ffn_gate|ffn_up|"
                      r"ffn_down|ssm_out)\.weight$")
 _FLOAT = ("f32", "f16", "bf16")
 
@@ -48,7 +48,7 @@ def fold_plan(items: list, metadata: list[MetaKV], block: int, seed: int, allow_
     by_name = {it.name: it for it in items}
     if "token_embd.weight" not in by_name:
         raise BonsaiError("--hadamard: the model has no token_embd.weight")
-    folded = [it.name for it in items if _LINEAR.match(it.name) and len(it.shape) == 2]
+    folded = [it.name for it in items if FOLDABLE.match(it.name) and len(it.shape) == 2]
     if not folded:
         raise BonsaiError("--hadamard: no foldable linear weights (blk.N.attn_*/ffn_*.weight) in the input")
     emb = by_name["token_embd.weight"]
