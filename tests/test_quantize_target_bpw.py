@@ -72,6 +72,23 @@ def test_promotion_reaches_the_budget_in_gain_order_and_keeps_pinned():
     assert c["flat"] == "ptq1_0" and c["big_win"] != "ptq1_0" and c["mid"] != "ptq1_0"
 
 
+def test_promotion_jumps_straight_to_the_tier_with_the_best_gain_per_bit():
+    # "jump": Q2_0 barely helps, Q4_0 nearly removes the error; "step": Q2_0 helps a little more
+    # per bit than jump's Q2_0 but less than jump's Q4_0. One Q4_0's worth of budget: a one-tier
+    # greedy spends it on step (PTQ1_0 -> Q2_0 -> Q4_0, total loss 0.16 + 0.078); the jump on
+    # jump's Q4_0 (0.0025 + 0.16).
+    items = {
+        "jump": {"params": 1000, "pinned": None, "err": _errs(0.40, 0.39, 0.05, 0.01)},
+        "step": {"params": 1000, "pinned": None, "err": _errs(0.40, 0.37, 0.28, 0.27)},
+    }
+    target = _avg({"jump": "q4_0", "step": "ptq1_0"}, items)
+    assert promote_to_target(target, items, "ptq1_0") == {"jump": "q4_0", "step": "ptq1_0"}
+    # with budget for both, both are promoted and the average stays within one tier step
+    target = _avg({"jump": "q4_0", "step": "q4_0"}, items) + 0.1
+    c = promote_to_target(target, items, "ptq1_0")
+    assert target <= _avg(c, items) <= target + (tier_bpw("q8_0") - tier_bpw("q4_0")) / 2 + 1e-9
+
+
 def test_promotion_gain_is_weighted_by_output_energy():
     items = {
         "loud": {"params": 1000, "pinned": None, "err": _errs(0.3, 0.2, 0.1, 0.01),

@@ -14,8 +14,10 @@ otherwise a substring ("down_proj=ptq1_0", "layers.0.*=q8_0"). Overridden tensor
 neither the sensitivity threshold nor --target-bpw changes them.
 
 --target-bpw B (greedy, over the whole model): every unpinned linear layer starts at the ternary
-tier; while the linear-layer average is below B, the tensor whose next tier in PTQ1_0 -> Q2_0
-(g64) -> Q4_0 -> Q8_0 buys the largest drop of its estimated loss per extra bit is promoted. The
+tier; while the linear-layer average is below B, the tensor and the higher tier among PTQ1_0 ->
+Q2_0 (g64) -> Q4_0 -> Q8_0 (any higher one, not only the next) that buy the largest drop of its
+estimated loss per extra bit are taken (a jump that would overshoot B gives way to the best
+one-tier step). The
 estimated loss of a tensor at a tier is weight x (relative layer-output error)^2, where
   - the relative error is that of the PLAIN per-group fit (exact ternary fit under the Hessian
     diagonal, or the Q4_0/Q8_0 rounding rule; gptq.plain_fit_errors), measured by the pipeline's
@@ -157,26 +159,34 @@ def check_target(target: float, linear: list[tuple[str, int, str | None]], terna
 
 def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> dict[str, str]:
     """Greedy promotion. items: name -> {"params", "pinned": type|None,
-    "err": {tier: relative output error}, optional "weight" (default 1)}; returns name -> tier."""
+    "err": {tier: relative output error}, optional "weight" (default 1)}; returns name -> tier.
+
+    Each step takes the (tensor, higher tier) pair with the largest loss drop per extra bit,
+    over every higher tier, not only the next one: a tensor whose Q2_0 barely helps but whose
+    Q4_0 does is promoted straight to Q4_0. When the best pair would overshoot the budget, the
+    step is the best one-tier promotion instead, so the budget is overshot by at most one tier
+    step of one tensor."""
     chain = PROMOTION[PROMOTION.index(ternary):]
     choice = {n: (it["pinned"] or ternary) for n, it in items.items()}
     total = sum(it["params"] for it in items.values())
+    used = sum(items[n]["params"] * tier_bpw(t) for n, t in choice.items())
 
-    def avg():
-        return sum(items[n]["params"] * tier_bpw(t) for n, t in choice.items()) / total
-
-    while avg() < target - 1e-9:
-        best, best_gain = None, None
+    def moves(one_tier: bool):
         for n, it in items.items():
-            if it["pinned"] or choice[n] == chain[-1]:
+            if it["pinned"]:
                 continue
-            cur = choice[n]
-            nxt = chain[chain.index(cur) + 1]
-            gain = it.get("weight", 1.0) * (it["err"][cur] ** 2 - it["err"][nxt] ** 2) / (
-                it["params"] * (tier_bpw(nxt) - tier_bpw(cur)))
-            if best_gain is None or gain > best_gain:
-                best, best_gain = n, gain
-        if best is None:
+            cur = chain.index(choice[n])
+            for up in chain[cur + 1:cur + 2] if one_tier else chain[cur + 1:]:
+                cost = it["params"] * (tier_bpw(up) - tier_bpw(choice[n]))
+                gain = it.get("weight", 1.0) * (it["err"][choice[n]] ** 2 - it["err"][up] ** 2)
+                yield gain / cost, cost, n, up
+
+    while used < target * total - 1e-9 * total:
+        pick = max(moves(False), default=None, key=lambda m: m[0])
+        if pick is None:
             break
-        choice[best] = chain[chain.index(choice[best]) + 1]
+        if used + pick[1] > target * total + 1e-9 * total:     # the jump would overshoot
+            pick = max(moves(True), key=lambda m: m[0])
+        used += pick[1]
+        choice[pick[2]] = pick[3]
     return choice
