@@ -15,6 +15,10 @@ importance-weighted ternary fit (ternary_fit.py, weights = diag H) for the terna
 type's own rule for Q4_0 / Q8_0. Blocks are a multiple of the group size, so a group always lies
 inside one block and is fully updated when its scale is chosen.
 
+On the ternary tiers, after the refit below, two sweeps of cyclic coordinate descent
+(coordinate_descent) revisit every code with all the others at their final values, and the
+scales are refitted once more.
+
 After the sweep, `refit_scales` re-solves every row's group scales with the codes fixed, by least
 squares against the layer output with the full (undamped) H:
     s_r = argmin (w_r - s A_r) H (w_r - s A_r)^T = (A_r H A_r^T)^-1 A_r H w_r,
@@ -339,6 +343,67 @@ def _quad(M: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return torch.einsum("rg,rgh,rh->r", s, M, s) - 2 * (s * b).sum(1)
 
 
+CD_BLOCK = 128       # columns whose updates are applied eagerly inside coordinate_descent
+
+
+def coordinate_descent(w: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                       H: torch.Tensor, g: Grid, sweeps: int = 2) -> tuple[torch.Tensor, int]:
+    """Cyclic coordinate descent on the codes with the scales fixed; returns (codes, changed).
+
+    The layer-output error is a sum over rows of quadratics e_r H e_r^T (e_r = q_r - w_r), so with
+    every other code of row r fixed, the best value of q_rj is the grid point nearest to
+        t_rj = w_rj - ((E H)_rj - e_rj H_jj) / H_jj,
+    (the vertex of a one-dimensional parabola), i.e. the code g.round(t_rj, s) with the column's
+    group scale: each update lowers the error or keeps it, all rows at once per column. E H is
+    kept current: a changed column's difference goes eagerly into the rest of its block of
+    CD_BLOCK columns and, once the block is done, into the other columns as one product, so a
+    sweep costs about one layer-sized product (rows x cols^2), like the GPTQ sweep. GPTQ decides
+    each column once, from the columns before it; the sweeps revisit every column with the final
+    values of all others, which is where it gains on ternary grids (rounding steps as large as
+    the weights). Columns that never see an input (H_jj = 0) are left as they are."""
+    rows, cols = w.shape
+    dt = w.dtype
+    Hd = H.to(dt)
+    hdiag = torch.diagonal(Hd).tolist()
+    ST = scales.T.to(dt).repeat_interleave(g.group, dim=0).contiguous()     # [cols, rows]
+    if g.ternary:      # round_ternary on the codes' scale: sign(t) where |t| > |s| / 2
+        HALF = torch.where(ST != 0, 0.5 * ST.abs(), torch.full_like(ST, float("inf")))
+        SIGN = torch.where(ST < 0, -1.0, 1.0).to(dt)
+    QT = codes.T.to(dt).contiguous()
+    start = QT.clone()
+    ET = QT * ST - w.T
+    PT = Hd @ ET                                                             # (E H)^T
+    zero = torch.zeros((), dtype=dt, device=w.device)
+    for _ in range(sweeps):
+        before = QT.clone()
+        for i1 in range(0, cols, CD_BLOCK):
+            i2 = min(i1 + CD_BLOCK, cols)
+            D = torch.zeros((i2 - i1, rows), dtype=dt, device=w.device)
+            for j in range(i1, i2):
+                if hdiag[j] <= 0:
+                    continue
+                # the parabola's vertex: the current value minus (E H)_j / H_jj
+                t = torch.addcmul(ET[j] + w.T[j], PT[j], torch.tensor(-1.0 / hdiag[j], dtype=dt))
+                if g.ternary:
+                    q = torch.where(t.abs() > HALF[j], t.sign() * SIGN[j], zero)
+                else:
+                    q = g.round(t, ST[j]).to(dt)
+                dv = (q - QT[j]) * ST[j]
+                if not bool(dv.any()):
+                    continue
+                QT[j] = q
+                ET[j] += dv
+                D[j - i1] = dv
+                PT[i1:i2].addmm_(Hd[i1:i2, j:j + 1], dv[None, :])    # addr_ is ~100x slower here
+            if i1 > 0:
+                PT[:i1].addmm_(Hd[:i1, i1:i2], D)
+            if i2 < cols:
+                PT[i2:].addmm_(Hd[i2:, i1:i2], D)
+        if torch.equal(before, QT):
+            break
+    return QT.T.to(torch.int8).contiguous(), int((QT != start).sum())
+
+
 def reference_codes(w: torch.Tensor, tier: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) of the reference quantizer (bonsai_runner.quants) for Q8_0 / Q4_0, so a
     tensor quantized without calibration gets exactly the bytes of the reference blocks."""
@@ -406,10 +471,20 @@ class LayerResult:
         return (self.codes.cpu().numpy(), self.scales.to("cpu", torch.float32).numpy())
 
 
+CD_SWEEPS = 2       # coordinate-descent sweeps after GPTQ on the ternary tiers (see below)
+
+
 def quantize_layer(w: torch.Tensor, H: torch.Tensor, tier: str, damp: float = 0.01,
-                   prep: HessianPrep | None = None) -> LayerResult:
-    """Plain fit (for the log), GPTQ sweep, then least-squares scale refit; keeps the best.
-    `prep`: prepare_hessian(H, damp), when the caller shares it between layers."""
+                   prep: HessianPrep | None = None, cd_sweeps: int = CD_SWEEPS) -> LayerResult:
+    """Plain fit (for the log), GPTQ sweep, least-squares scale refit, and on the ternary tiers
+    `cd_sweeps` sweeps of coordinate descent on the codes followed by another refit; keeps the
+    best. `prep`: prepare_hessian(H, damp), when the caller shares it between layers.
+
+    Coordinate descent is for the ternary tiers only: measured on Qwen2.5-Coder-0.5B block 3
+    (rotated, 12 x 256 calibration) two sweeps + refit lower the relative output error of
+    q/k/v/o/gate/up by 5-7% and of a ternary down_proj by 13% (0.0299 -> 0.0259), two more sweeps
+    only 1-2% more; at Q4_0 the same two sweeps gain 1-4%, not worth their time (about one more
+    GPTQ sweep per layer)."""
     g = grid(tier)
     meter = ErrorMeter(w, H)
     pc, ps = plain_fit(w, H, tier)
@@ -419,6 +494,12 @@ def quantize_layer(w: torch.Tensor, H: torch.Tensor, tier: str, damp: float = 0.
     codes, scales, qh_gptq, qh = _refit(w, codes, scales, H, g)
     err_gptq = meter.metrics(q_gptq, qh_gptq)[0]
     err, cos = meter.metrics(dequantize(codes, scales, g.group, w.dtype), qh)
+    if g.ternary and cd_sweeps:
+        c2, _ = coordinate_descent(w, codes, scales, H, g, cd_sweeps)
+        c2, s2, _, qh2 = _refit(w, c2, scales, H, g)
+        err2, cos2 = meter.metrics(dequantize(c2, s2, g.group, w.dtype), qh2)
+        if err2 < err:
+            codes, scales, err, cos = c2, s2, err2, cos2
     if err_plain < err:
         codes, scales, err, cos = pc, ps, err_plain, cos_plain
     return LayerResult(tier, codes, scales, err_plain, err_gptq, err, cos)

@@ -868,7 +868,7 @@ class Quantizer:
                 rep.layers[key] = {"tier": res.tier, "err_plain": res.err_plain,
                                    "err_gptq": res.err_gptq, "err": res.err, "cosine": cos}
                 self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} {res.tier:<6} rel. output "
-                         f"error: plain {res.err_plain:.4f}  gptq {res.err_gptq:.4f}  refit "
+                         f"error: plain {res.err_plain:.4f}  gptq {res.err_gptq:.4f}  final "
                          f"{res.err:.4f}  (cosine {cos:.4f})")
             if kept is not None:         # the stage's linear is final now
                 with self.timer("hessian"):
