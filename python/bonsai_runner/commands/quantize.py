@@ -4,9 +4,10 @@ Writes a PTQ1_0 directory (packed safetensors in compressed-tensors naming + qua
 the per-tensor table) and, with --outfile, also the GGUF file. Default scheme: q/k/v/o and
 gate/up ternary (PTQ1_0, one fp16 scale per 128 weights), down_proj Q8_0, embeddings and head
 F16, norms and biases F32. Ternary fitting is activation-aware: exact per-group threshold/scale
-under the calibration Hessian, GPTQ error feedback, least-squares scale refit, and optional Adam
-refinement of the scales against each block's output (--calib-steps). Already-ternary checkpoints
-are packed losslessly without calibration. --method rtn is the no-data round-to-nearest baseline.
+under the calibration Hessian, GPTQ error feedback, coordinate descent on the ternary codes,
+least-squares scale refit, and optional block reconstruction (--calib-steps: Adam learns the
+scales against each block's output). Already-ternary checkpoints are packed losslessly without
+calibration. --method rtn is the no-data round-to-nearest baseline.
 
 Examples:
   bonsai quantize --model-dir ./Llama-3-8B --calib-file calib.jsonl --output-dir ./llama-ptq1
@@ -36,8 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outfile", default=None, help="also (or only) convert the result to this GGUF file")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward batch")
     p.add_argument("--calib-steps", type=int, default=0,
-                   help="Adam steps refining each block's log-scales (0: off)")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the refinement")
+                   help="block reconstruction: Adam steps per block learning the group scales "
+                   "against the float model's block output, early-stopped on held-out "
+                   "calibration sequences (0: off; each step runs the block forward and "
+                   "backward on --batch-size sequences: ~2.5 s with 4 x 256 tokens of a 0.5B on "
+                   "2 CPU cores)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the log-scales in "
+                   "the reconstruction")
     p.add_argument("--sensitivity-analysis", action="store_true",
                    help="per-tensor cosine/relative error and per-block held-out loss increase; "
                    "ternary tensors under --threshold fall back to Q8_0")

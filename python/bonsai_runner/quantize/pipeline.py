@@ -16,7 +16,8 @@ Order of work (each step fails with one clear error before anything is written):
       stage's input *through the already-quantized part of the block*, quantize each layer (GPTQ +
       scale refit, gptq.py), record cosine / relative output error, and with
       --sensitivity-analysis send layers under --threshold to Q8_0;
-   b. with --calib-steps, refine the block's scales against the float block output (refine.py);
+   b. with --calib-steps, reconstruct the block: learn its scales against the float model's
+      block output, early-stopped on held-out sequences (refine.py);
    c. write the block's tensors, run the quantized block to get the next block's inputs;
 6. with --sensitivity-analysis, one more sweep gives each block's held-out loss increase
    (sensitivity.py); the fallback table and bits-per-weight summary are printed, and the
@@ -53,7 +54,7 @@ from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, SHORTCUT_INP
                         HfLayers, resolve_device, resolve_forward_dtype)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
                      promote_to_target)
-from .sensitivity import HeldOut, output_metrics
+from .sensitivity import HeldOut, held_out_split, output_metrics
 
 METHODS = ("gptq", "rtn")
 TARGET_GAINS = ("relative", "output")    # policy.py: how --target-bpw weighs each tensor's error
@@ -570,12 +571,8 @@ class Quantizer:
         if calib is not None:
             tokens = calib.tokens
             if o.sensitivity:
-                n_h = min(o.held_out, max(tokens.shape[0] // 4, 1))
-                held_len = min(tokens.shape[1], 256)
-                held = tokens[-n_h:, :held_len]
-                if tokens.shape[0] > n_h:
-                    tokens = tokens[:-n_h]
-                else:
+                tokens, held = held_out_split(tokens, o.held_out)
+                if tokens is calib.tokens:
                     self.log("warning: only one calibration sequence: the held-out loss is "
                              "measured on calibration text")
                 heldout = HeldOut(held, embed, embed_q)
@@ -601,7 +598,8 @@ class Quantizer:
             if x is not None and o.calib_steps > 0:
                 from .refine import refine_block
 
-                self.log(f"blk.{i}: refining scales ({o.calib_steps} Adam steps, lr {o.lr})")
+                self.log(f"blk.{i}: reconstructing the block's scales ({o.calib_steps} Adam "
+                         f"steps, lr {o.lr}, batch {o.batch_size})")
                 short = None            # the refined q/k/v change the cached mixer inputs
                 with tm("refine"):
                     target = x_fp if x_fp is not None else run.forward(i, w, x)
@@ -609,9 +607,11 @@ class Quantizer:
                                               stored, qw, o.calib_steps, o.lr, o.batch_size,
                                               o.seed, log=self.log)
                     del target
-                self.log(f"blk.{i}: refinement over {o.calib_steps} steps, block output error "
-                         f"{rep.refine['before']:.5f} -> {rep.refine['after']:.5f}"
-                         + ("" if rep.refine["kept"] else " (not better: scales kept)"))
+                r = rep.refine
+                self.log(f"blk.{i}: reconstruction over {o.calib_steps} steps, held-out block "
+                         f"output error {r['before']:.5f} -> {r['after']:.5f}"
+                         + (f" (best at step {r['best_step']})" if r["kept"]
+                            else " (not better: GPTQ's scales kept)"))
             with tm("write"):
                 for s in by_block[i]:
                     key = next(k for k, hf in HF_KEYS.items() if s.hf_name.endswith("." + hf))

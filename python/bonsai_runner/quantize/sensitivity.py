@@ -40,6 +40,18 @@ def cross_entropy(hidden: torch.Tensor, tokens: np.ndarray, final_norm, head: to
         return float(torch.nn.functional.cross_entropy(logits, tgt))
 
 
+HELD_OUT_LEN = 256      # tokens of each held-out sequence (the first ones of the sequence)
+
+
+def held_out_split(tokens: np.ndarray, held_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """(calibration tokens, held-out tokens) of --sensitivity-analysis: the last `held_out`
+    sequences (at most a quarter of them, at least one), cut to HELD_OUT_LEN tokens, are held
+    out; with a single sequence it is both (the tokens array itself is returned)."""
+    n_h = min(held_out, max(tokens.shape[0] // 4, 1))
+    held = tokens[-n_h:, :min(tokens.shape[1], HELD_OUT_LEN)]
+    return (tokens[:-n_h] if tokens.shape[0] > n_h else tokens), held
+
+
 class HeldOut:
     """The held-out float stream, the all-quantized stream and one branch per quantized block."""
 
