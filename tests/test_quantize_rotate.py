@@ -164,3 +164,30 @@ def test_auto_rotates_where_it_applies(tmp_path):
                       n_layer=1, n_head=4, n_head_kv=2, ternary=True)
     _quantize(tmp_path, t, output_dir=str(tmp_path / "o2"), outfile=str(tmp_path / "t.gguf"))
     assert "prism.hadamard.version" not in _meta(tmp_path / "t.gguf")
+
+
+@pytest.mark.parametrize("rotate", ["hadamard", "none"])
+def test_engine_perplexity_equals_the_quantizers_estimate(tmp_path, rotate):
+    """The held-out loss the quantizer reports (--sensitivity-analysis: its own torch forward of
+    the quantized weights) is what the engine gives on the same token ids from the written file:
+    float activations to 1e-3 of the perplexity, the default INT8 activations within 2%."""
+    from bonsai_runner.eval.perplexity import sequence_nll
+    from bonsai_runner.quantize.calibration import Tokenizer, load_calibration
+    from bonsai_runner.quantize.sensitivity import held_out_split
+
+    m = make_hf_model(tmp_path / "m", arch="qwen2", tokenizer="bpe", seed=4, hidden=128, ffn=256,
+                      n_layer=2, n_head=4, n_head_kv=2)
+    calib = write_calibration(tmp_path / "c.jsonl")
+    res = _quantize(tmp_path, m, rotate=rotate, sensitivity=True, threshold=0.01, max_samples=8,
+                    calib_file=str(calib))
+    sens = res["report"]["sensitivity"]
+    cal = load_calibration(str(calib), Tokenizer(m["dir"]), 32, 8, 0, m["n_vocab"])
+    _, held = held_out_split(cal.tokens, 4)
+    assert held.size == sens["held_out_tokens"]
+    want = np.exp(sens["loss_quantized"])
+    got_f = np.exp(sequence_nll(str(tmp_path / "q.gguf"), held, "float", 2))
+    got_8 = np.exp(sequence_nll(str(tmp_path / "q.gguf"), held, "int8", 2))
+    assert abs(got_f / want - 1) < 1e-3, (got_f, want)
+    assert abs(got_8 / want - 1) < 0.02, (got_8, want)
+    # and the estimate is of the quantized model, not the float one
+    assert abs(sens["loss_quantized"] - sens["loss_fp"]) > 1e-3

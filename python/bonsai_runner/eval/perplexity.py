@@ -162,6 +162,26 @@ class _Engine:
         self.model.close()
 
 
+def sequence_nll(model: str, sequences: np.ndarray, act_mode: str = "int8",
+                 threads: int = 0) -> float:
+    """Mean next-token negative log-likelihood (nats) of the engine running `model` on each
+    token sequence of [N, T] (every position but the last predicts the next; each sequence on a
+    cleared context): the engine's side of the quantizer's held-out loss
+    (quantize/sensitivity.py), on the same token ids."""
+    seqs = np.ascontiguousarray(sequences, dtype=np.int32)
+    if seqs.ndim != 2 or seqs.shape[1] < 2:
+        raise BonsaiError(f"sequence_nll: token sequences [N, T >= 2] wanted, got {seqs.shape}")
+    eng = _Engine(model, seqs.shape[1], seqs.shape[1], threads, act_mode)
+    try:
+        tot = 0.0
+        for row in seqs:
+            lp = log_softmax_rows(eng.chunk_logits(row, 0, row.size))
+            tot += float(-lp[np.arange(row.size - 1), row[1:]].astype(np.float64).sum())
+    finally:
+        eng.close()
+    return tot / (seqs.shape[0] * (seqs.shape[1] - 1))
+
+
 def _resolve_shape(opts: PerplexityOptions, ref: Optional[ReferenceLogits]) -> tuple[int, int]:
     n_ctx = opts.ctx_size
     chunks = opts.chunks
