@@ -7,6 +7,11 @@ Rows (same model, same calibration set, same evaluation text; --rows picks some)
     gptq       the default policy (ternary q/k/v/o/gate/up, down_proj Q8_0) with `--rotate none`
     default    the default policy as it runs by default (GPTQ on the Hadamard-rotated model)
     bpw2.1 .. bpw4.2   `--target-bpw B` (rotated)
+    none       no row of ours (with --llama-cpp: llama.cpp's rows alone)
+--llama-cpp TYPES appends upstream llama.cpp's own quantizations of the same F16 with an importance
+matrix of the same calibration tokens (llama_cpp_quants.py: its tools are built from the
+llama-cpp-python 0.3.36 sdist's llama.cpp into --llama-cpp-build, once), measured by its own
+llama-perplexity on the same text and chunks; their time column is imatrix + quantize.
 Columns: bits per weight over the linear layers and over the whole file (scales included, from
 quant_config.json), PPL on the built-in evaluation text (or --file), PPL ratio to the F16
 reference, mean KL-divergence and same-top-token share against the reference's saved
@@ -23,6 +28,7 @@ too (quantizing from the Q4_K_M source instead gives the same values up to F16 r
     python benchmarks/quality_table.py --quick             # 16 x 256 calibration tokens
     python benchmarks/quality_table.py                     # full: 128 x 512 (the issue's setting)
     python benchmarks/quality_table.py --rows rtn,default --max-samples 12 --seq-len 256
+    python benchmarks/quality_table.py --rows none --llama-cpp IQ1_M,Q2_K --max-samples 12 --seq-len 256
 
 This is a benchmark, not a test: it prints a Markdown table (and writes it to --out when given).
 """
@@ -91,14 +97,30 @@ def quantize_row(source: Path, out_dir: Path, extra: list[str], args, log_path: 
             "bpw_linear": qc["summary"]["bpw_linear"], "bpw_file": qc["summary"]["bpw_file"]}
 
 
+def format_rows(results: list[dict]) -> list[str]:
+    """The Markdown table of the rows; a row's "time_text" / "rss_text" replace the minutes / MiB."""
+    lines = ["| quantization | linear bpw | file bpw | PPL | PPL ratio | mean KLD | same top % "
+             "| quant time | peak RSS |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for q in results:
+        took = q.get("time_text") or f"{q['wall_s'] / 60:.1f} min"
+        peak = q.get("rss_text") or f"{q['peak_rss_mib']:.0f} MiB"
+        lines.append(f"| {q['label']} | {q['bpw_linear']:.3f} | {q['bpw_file']:.3f} | "
+                     f"{q['ppl']:.2f} | {q['ratio']:.2f} | {q['kld']:.4f} | {q['same']:.1f} | "
+                     f"{took} | {peak} |")
+    return lines
+
+
 def main(argv=None) -> int:
+    import llama_cpp_quants  # imports this module (LAUNCHER) in turn, so not at the top
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reference", type=Path, default=None,
                     help="F16 reference GGUF (default: the demo's cached F16 of the real model)")
     ap.add_argument("--source", type=Path, default=None,
                     help="quantizer input (GGUF file or HF directory; default: --reference)")
     ap.add_argument("--rows", default="rtn,gptq,default,bpw2.1,bpw2.5,bpw4,bpw4.2",
-                    help=f"comma-separated subset of {','.join(ROWS)}")
+                    help=f"comma-separated subset of {','.join(ROWS)}, or none")
     ap.add_argument("--max-samples", type=int, default=128, help="calibration sequences")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per calibration sequence")
     ap.add_argument("--quick", action="store_true", help="16 x 256 calibration (a fast table)")
@@ -110,10 +132,18 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="directory for the outputs "
                     "(default: a temporary one, removed at the end)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--llama-cpp", nargs="?", const=",".join(llama_cpp_quants.DEFAULT_TYPES),
+                    default=None, metavar="TYPES", help="append llama.cpp's own quantizations "
+                    "(imatrix from the same calibration tokens) of these llama-quantize types "
+                    f"(default when given bare: {','.join(llama_cpp_quants.DEFAULT_TYPES)})")
+    llama_cpp_quants.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.quick:
         args.max_samples, args.seq_len = 16, 256
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    rows = [r.strip() for r in args.rows.split(",") if r.strip() and r.strip() != "none"]
+    lc_types = [t.strip() for t in (args.llama_cpp or "").split(",") if t.strip()]
+    if not rows and not lc_types:
+        ap.error("--rows none leaves nothing to measure; add --llama-cpp TYPES")
     for r in rows:
         if r not in ROWS:
             ap.error(f"unknown row {r!r}; known: {', '.join(ROWS)}")
@@ -149,18 +179,22 @@ def main(argv=None) -> int:
                  kld=float(res.kl.kld.mean()), same=100.0 * float(res.kl.same_top.mean()))
         results.append(q)
         os.unlink(q["gguf"])
-    calib = ("none" if rows == ["rtn"] else f"{args.max_samples} x {args.seq_len} tokens")
+    notes = []
+    if lc_types:
+        args.seed = 0  # the quantizer's default --seed: the same calibration sequences
+        try:
+            lc_rows, facts = llama_cpp_quants.measure(lc_types, ref, work / "llama.cpp", args)
+            results += lc_rows
+            notes = [""] + llama_cpp_quants.describe(facts, base.ppl, lc_rows)
+        except llama_cpp_quants.LlamaCppUnavailable as e:
+            say(f"llama.cpp rows skipped: {e}")
+            notes = ["", f"llama.cpp rows skipped: {e}"]
+    calib = ("none" if rows == ["rtn"] and not lc_types else
+             f"{args.max_samples} x {args.seq_len} tokens")
     lines = [f"Model: {source} vs F16 reference {ref.name}; eval: {args.file or 'built-in text'}, "
              f"{base.n_chunks} x {base.n_ctx} tokens (F16 PPL {base.ppl:.4f}); calibration "
              f"{calib}; load at the end {os.getloadavg()[0]:.1f}",
-             "",
-             "| quantization | linear bpw | file bpw | PPL | PPL ratio | mean KLD | same top % "
-             "| quant time | peak RSS |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for q in results:
-        lines.append(f"| {q['label']} | {q['bpw_linear']:.3f} | {q['bpw_file']:.3f} | "
-                     f"{q['ppl']:.2f} | {q['ratio']:.2f} | {q['kld']:.4f} | {q['same']:.1f} | "
-                     f"{q['wall_s'] / 60:.1f} min | {q['peak_rss_mib']:.0f} MiB |")
+             "", *format_rows(results), *notes]
     table = "\n".join(lines)
     print(table)
     if args.out:
