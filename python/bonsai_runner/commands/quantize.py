@@ -52,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-bpw", type=float, default=None,
                    help="promote tensors PTQ1_0 -> Q2_0 -> Q4_0 -> Q8_0 until the linear layers "
                    "average this many bits per weight (scales included)")
+    p.add_argument("--target-gain", choices=("fisher", "relative", "output"), default="relative",
+                   help="how --target-bpw ranks the promotions (loss drop per extra bit): fisher = the "
+                   "predicted model-loss increase (each layer's per-channel output error weighted "
+                   "by the float model's output-channel Fisher, one extra backward pass); relative "
+                   "= every layer's relative output error counts the same; output = the absolute "
+                   "output error")
     p.add_argument("--group-size", type=int, default=128,
                    help="weights per ternary scale: 128 (PTQ1_0) or 64 (Q2_0)")
     p.add_argument("--max-samples", type=int, default=128, help="calibration sequences to use")
@@ -112,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         model_dir=args.model_dir, output_dir=args.output_dir, calib_file=args.calib_file,
         outfile=args.outfile, batch_size=args.batch_size, calib_steps=args.calib_steps,
         lr=args.lr, sensitivity=args.sensitivity_analysis, threshold=args.threshold,
-        target_bpw=args.target_bpw, group_size=args.group_size, max_samples=args.max_samples,
+        target_bpw=args.target_bpw, target_gain=args.target_gain, group_size=args.group_size,
+        max_samples=args.max_samples,
         seq_len=args.seq_len, seed=args.seed, policy=args.policy, embed_type=args.embed_type,
         damp=args.damp, method=args.method,
         equalize=args.equalize, refine_target=args.refine_target,

@@ -48,8 +48,10 @@ import numpy as np
 import torch
 
 from ..errors import BonsaiError
-from .gptq import (LayerResult, dequantize, grid, plain_fit_errors, prepare_hessian,
-                   quantize_absmean, quantize_layer, quantize_rtn, reference_codes)
+from .fisher import fisher_sequences, keep_dtype, output_fisher, predicted_loss
+from .gptq import (ESTIMATE_ROWS, LayerResult, dequantize, grid, plain_fit_row_errors,
+                   prepare_hessian, quantize_absmean, quantize_layer, quantize_rtn,
+                   reference_codes)
 from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, SHORTCUT_INPUTS, STAGES,
                         HfLayers, resolve_device, resolve_forward_dtype)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
@@ -57,7 +59,7 @@ from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
 from .sensitivity import HeldOut, held_out_split, output_metrics
 
 METHODS = ("gptq", "rtn")
-TARGET_GAINS = ("relative", "output")    # policy.py: how --target-bpw weighs each tensor's error
+TARGET_GAINS = ("fisher", "relative", "output")   # policy.py: how --target-bpw weighs errors
 
 
 @dataclass
@@ -698,7 +700,10 @@ class Quantizer:
         embed = torch.from_numpy(self.loader.read("model.embed_tokens.weight"))
         x = embed[torch.from_numpy(calib.tokens.astype(np.int64))]
         del embed
-        items = {}
+        fisher = o.target_gain == "fisher"
+        n_f = fisher_sequences(*calib.tokens.shape[:2]) if fisher else 0
+        kept: list[torch.Tensor] = []        # the Fisher sequences' block inputs
+        items, row_errs = {}, {}
         bar = tqdm(range(self.hp.n_layer), desc=f"estimating tiers (--target-bpw) on {self.device}",
                    unit="block", disable=not o.progress, file=sys.stderr)
         for i in bar:
@@ -711,15 +716,22 @@ class Quantizer:
                 t, pin = self.types[name]
                 todo[key] = (name, t if pin or t not in QUANT_TIERS else lossless.get(name))
             wanted = {INPUT_OF[k] for k, (_, fixed) in todo.items() if not fixed}
+            if fisher:
+                kept.append(x[:n_f].to(keep_dtype(self.hp.n_layer, x[:n_f]), copy=True))
             with self.timer("target-bpw pre-pass"):
                 Hs, x = self.blocks.stage_hessians(i, w, x, wanted)
                 for key, (name, fixed) in todo.items():
-                    err, energy = (({}, 1.0) if fixed
-                                   else plain_fit_errors(w[key], Hs[INPUT_OF[key]], chain))
+                    err, energy, rows = (({}, 1.0, {}) if fixed
+                                         else plain_fit_row_errors(w[key], Hs[INPUT_OF[key]], chain))
                     items[name] = {"params": w[key].numel(), "pinned": fixed, "err": err,
                                    "weight": energy if o.target_gain == "output" else 1.0}
+                    if fisher and not fixed:
+                        row_errs[name] = rows
             del w, Hs
         bar.close()
+        if fisher:
+            self._fisher_losses(items, row_errs, kept, x[:n_f], calib.tokens[:n_f], tqdm)
+        del x, kept
         choice = promote_to_target(o.target_bpw, items, self.policy.ternary)
         base = self.policy.ternary
         plan = {}
@@ -728,12 +740,51 @@ class Quantizer:
             why = None
             if it["pinned"] is None and t != base:
                 why = (f"target-bpw {o.target_bpw}: promoted to {t.upper()} (plain-fit rel err "
-                       f"{it['err'][base]:.4f} at {base.upper()} -> {it['err'][t]:.4f})")
+                       f"{it['err'][base]:.4f} at {base.upper()} -> {it['err'][t]:.4f}"
+                       + (f"; predicted loss +{it['loss'][base]:.4f} -> +{it['loss'][t]:.4f} "
+                          "nats/token" if "loss" in it else "") + ")")
             plan[name] = (t, why)
         n_up = sum(1 for _, why in plan.values() if why)
+        gain = {"fisher": "predicted loss increase (output-channel Fisher)",
+                "relative": "relative output error", "output": "output error"}[o.target_gain]
         self.log(f"--target-bpw {o.target_bpw}: {n_up} of {len(plan)} linear tensors promoted "
-                 f"above {base.upper()} (gain: {o.target_gain} output error per bit)")
+                 f"above {base.upper()} (gain: {gain} per bit)")
+        if fisher:
+            pred = sum(items[n]["loss"][t] for n, t in choice.items() if "loss" in items[n])
+            self.log(f"--target-bpw {o.target_bpw}: predicted loss increase of the plan, plain "
+                     f"fits, layers added up: +{pred:.4f} nats/token (GPTQ lowers it)")
         return plan
+
+    def _fisher_losses(self, items, row_errs, kept, final_hidden, tokens, tqdm) -> None:
+        """items[name]["loss"] = {tier: predicted loss increase} from the float model's
+        output-channel Fisher (fisher.py) and the pre-pass's per-row plain-fit errors."""
+        o, hp = self.opts, self.hp
+        keys = {}
+        for name in row_errs:
+            i = int(name.split(".")[2])
+            keys.setdefault(i, []).append(next(k for k, hf in HF_KEYS.items()
+                                               if name == f"model.layers.{i}.{hf}"))
+        norm_w = torch.from_numpy(self.loader.read("model.norm.weight")).to(self.device)
+        head = torch.from_numpy(self.loader.read("model.embed_tokens.weight" if hp.tied
+                                                 else "lm_head.weight")).to(self.device)
+        bar = tqdm(total=hp.n_layer, desc=f"output Fisher (backward, {tokens.size} tokens)",
+                   unit="block", disable=not o.progress, file=sys.stderr)
+        with self.timer("target-bpw fisher"):
+            F, loss = output_fisher(self.blocks, hp.n_layer,
+                                    lambda i: self._block_weights(i, self.device), kept,
+                                    final_hidden, tokens, lambda h: self.layers.final_norm(norm_w, h),
+                                    head, lambda i: keys.get(i, []), lambda i: bar.update(1))
+        bar.close()
+        del head
+        n_tok = int(tokens.size)          # the Fisher sums over every position
+        for name, rows in row_errs.items():
+            i = int(name.split(".")[2])
+            key = next(k for k in keys[i] if name == f"model.layers.{i}.{HF_KEYS[k]}")
+            f = F[(i, key)].to(self.device)
+            step = -(-f.shape[0] // ESTIMATE_ROWS)
+            items[name]["loss"] = {t: predicted_loss(r, f[::step], n_tok) for t, r in rows.items()}
+        self.log(f"output Fisher on {n_tok} tokens (the float model's loss on them: {loss:.4f} "
+                 "nats/token)")
 
     def _store_q8(self, i, key, w, qw, stored, rep, x, reason, pinned, short=None) -> None:
         """A Q8_0 layer by the reference block quantizer; cosine / relative output error are

@@ -28,7 +28,11 @@ estimated loss of a tensor at a tier is weight x (relative layer-output error)^2
     0.28-0.35, k 0.36-0.41, v 0.48-0.55, o 0.27-0.47, gate 0.48-0.61, up 0.48-0.64; median 0.47
     over the 25 layer-tiers measured), so the plain-fit errors keep the greedy ORDER of a
     layer's tiers. Across layers that factor varies (0.27-0.64), which the estimate ignores;
-  - the weight says how much the layer's output matters. Default ("relative"): 1, every
+  - the weight says how much the layer's output matters. "fisher" (QuantizeOptions.target_gain)
+    replaces weight x rel^2 by the predicted KL divergence from the float model: the plain fit's
+    per-output-channel errors weighted by the float model's output-channel Fisher information,
+    from one extra backward pass (fisher.py), so a layer whose errors the rest of the model
+    amplifies gets its bits first. "relative": 1, every
     layer's relative error counts the same. "output" (QuantizeOptions.target_gain): tr(W H W^T),
     the float layer's output energy on the calibration data, so weight x rel^2 is the absolute
     output error ||(W - Q) X||^2 per token. Measured on Qwen2.5-0.5B at --target-bpw 2.5
@@ -157,9 +161,18 @@ def check_target(target: float, linear: list[tuple[str, int, str | None]], terna
                           "every unpinned linear layer at Q8_0, the highest tier; lower it")
 
 
+def _loss(item: dict, tier: str) -> float:
+    """The estimated loss of a tensor at a tier: its predicted model-loss increase when it has
+    one ("loss", the Fisher estimate), else weight x (relative output error)^2."""
+    if "loss" in item:
+        return item["loss"][tier]
+    return item.get("weight", 1.0) * item["err"][tier] ** 2
+
+
 def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> dict[str, str]:
     """Greedy promotion. items: name -> {"params", "pinned": type|None,
-    "err": {tier: relative output error}, optional "weight" (default 1)}; returns name -> tier.
+    "err": {tier: relative output error}, optional "weight" (default 1), optional "loss":
+    {tier: predicted loss increase}, which replaces weight x err^2}; returns name -> tier.
 
     Each step takes the (tensor, higher tier) pair with the largest loss drop per extra bit,
     over every higher tier, not only the next one: a tensor whose Q2_0 barely helps but whose
@@ -178,7 +191,7 @@ def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> di
             cur = chain.index(choice[n])
             for up in chain[cur + 1:cur + 2] if one_tier else chain[cur + 1:]:
                 cost = it["params"] * (tier_bpw(up) - tier_bpw(choice[n]))
-                gain = it.get("weight", 1.0) * (it["err"][choice[n]] ** 2 - it["err"][up] ** 2)
+                gain = _loss(it, choice[n]) - _loss(it, up)
                 yield gain / cost, cost, n, up
 
     while used < target * total - 1e-9 * total:
