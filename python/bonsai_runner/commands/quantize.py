@@ -52,12 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-bpw", type=float, default=None,
                    help="promote tensors PTQ1_0 -> Q2_0 -> Q4_0 -> Q8_0 until the linear layers "
                    "average this many bits per weight (scales included)")
-    p.add_argument("--target-gain", choices=("fisher", "relative", "output"), default="relative",
-                   help="how --target-bpw ranks the promotions (loss drop per extra bit): fisher = the "
-                   "predicted model-loss increase (each layer's per-channel output error weighted "
-                   "by the float model's output-channel Fisher, one extra backward pass); relative "
-                   "= every layer's relative output error counts the same; output = the absolute "
-                   "output error")
+    p.add_argument("--target-gain", choices=("fisher", "relative", "output"), default="fisher",
+                   help="how --target-bpw ranks promotions (loss drop per extra bit): fisher (default) "
+                   "= the predicted KL divergence from the float model (each layer's per-channel "
+                   "output error weighted by the float model's output-channel Fisher, one extra "
+                   "backward pass; on Qwen2.5-0.5B at 3.74 bpw PPL ratio 1.25 vs 1.58 for "
+                   "relative); relative = every layer's relative output error counts the same; "
+                   "output = the absolute output error")
     p.add_argument("--group-size", type=int, default=128,
                    help="weights per ternary scale: 128 (PTQ1_0) or 64 (Q2_0)")
     p.add_argument("--max-samples", type=int, default=128, help="calibration sequences to use")

@@ -86,7 +86,7 @@ class QuantizeOptions:
     refine_target: str = "float"           # "float": the float model's stream; "block": same x
     float_target: bool = False             # GPTQ toward the float model's layer outputs
     held_out: int = 4                      # held-out sequences for the loss (sensitivity)
-    target_gain: str = "relative"          # --target-bpw gain weight: "relative" or "output"
+    target_gain: str = "fisher"            # --target-bpw gain: "fisher", "relative" or "output"
     force: bool = False
     progress: bool = True
     device: str = "auto"                   # auto | cpu | cuda | cuda:N (hf_layers.resolve_device)
