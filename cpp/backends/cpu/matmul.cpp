@@ -2,10 +2,10 @@
 // unit layout when several weights share one input), then splits the output rows of every weight
 // over the thread pool in tiles of 4 rows and runs the kernel of the chosen path.
 //
-// One token (decode): the tiles of all weights form one list, handed out in chunks of about
-// 1/kChunksPerThread of a thread's share through an atomic counter, so a thread that was
-// descheduled or slowed by other load leaves its chunks to the others and the whole step is one
-// pool dispatch. Two or more tokens: INT8 weights go to the AVX-512 GEMM (matmul_int8_gemm.h) when
+// One token (decode): the tiles of all weights form one list, handed out through an atomic
+// counter in guided chunks (each a fixed fraction of what is left, down to a minimum size), so a
+// thread that was descheduled or slowed by other load leaves its chunks to the others, the threads
+// finish close together, and the whole step is one pool dispatch. Two or more tokens: INT8 weights go to the AVX-512 GEMM (matmul_int8_gemm.h) when
 // it applies; otherwise each thread takes one contiguous range of each weight's tiles.
 // Scratch memory is thread-local and only grows, so steady-state calls do not allocate.
 #include "matmul.h"
@@ -26,7 +26,11 @@ namespace bonsai::cpu {
 namespace {
 
 constexpr int64_t kRowTile = 4;
-constexpr int64_t kChunksPerThread = 8;
+// One token: a claim takes 1 / (threads * kGuidedSplit) of the tiles still unclaimed, but at least
+// kMinChunkBytes of weights, so claims shrink towards the end of the op and the threads finish
+// together (fixed chunks of 1/16 left one thread alone with up to a whole chunk of the output head).
+constexpr int64_t kGuidedSplit = 2;
+constexpr size_t kMinChunkBytes = 64 << 10;
 constexpr int kMaxLayouts = 4;  // distinct INT8 layouts among the weights of one shared-input call
 
 void* grow_scratch(std::vector<uint8_t>& buf, size_t bytes) {
@@ -133,13 +137,21 @@ void dispatch(const Job* jobs, int n, ThreadPool& pool) {
         return;
     }
     const int64_t threads = pool.size();
-    const int64_t chunk = std::max<int64_t>(1, total / (threads * kChunksPerThread));
-    const int64_t n_chunks = (total + chunk - 1) / chunk;
+    size_t bytes = 0;
+    for (int i = 0; i < n; ++i) bytes += static_cast<size_t>(jobs[i].w->rows) * jobs[i].w->row_bytes;
+    const int64_t min_chunk = std::max<int64_t>(1, static_cast<int64_t>(kMinChunkBytes * total / std::max<size_t>(bytes, 1)));
     std::atomic<int64_t> next{0};
-    pool.parallel_for(std::min(threads, n_chunks), [&](int64_t, int64_t, int) {
-        for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
-             c = next.fetch_add(1, std::memory_order_relaxed))
-            run_tile_range(jobs, first_tile, n, c * chunk, std::min(total, (c + 1) * chunk));
+    pool.parallel_for(std::min(threads, (total + min_chunk - 1) / min_chunk), [&](int64_t, int64_t, int) {
+        int64_t c = next.load(std::memory_order_relaxed);
+        for (;;) {
+            int64_t end;
+            do {
+                if (c >= total) return;
+                end = std::min(total, c + std::max(min_chunk, (total - c) / (threads * kGuidedSplit)));
+            } while (!next.compare_exchange_weak(c, end, std::memory_order_relaxed));
+            run_tile_range(jobs, first_tile, n, c, end);
+            c = next.load(std::memory_order_relaxed);
+        }
     });
 }
 
