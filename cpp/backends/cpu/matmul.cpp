@@ -201,7 +201,7 @@ void matmul_shared_input_cpu(const WeightView* const* ws, float* const* ys, int 
         JobSet& set = *col.set;
         const WeightView& w = *ws[i];
         Job job{w, x, n_tokens, ys[i], path, nullptr};
-        const Int8Layout* layout = int8_layout(w.type);
+        const Int8Layout* layout = int8_layout_for(w.type, path, n_tokens);
         if (mode == ActMode::INT8 && layout) {
             int k = 0;
             while (k < set.n_layouts && set.layouts[k] != layout) ++k;
@@ -227,9 +227,9 @@ void matmul_shared_input_cpu(const WeightView* const* ws, float* const* ys, int 
 void matmul_rotated_cpu(const WeightView* const* ws, float* const* ys, int n, float* x, int64_t n_tokens,
                         const Rotation& r, ActMode mode, ThreadPool& pool, CpuPath path) {
     if (n_tokens == 0) return;
-    const Int8Layout* layout = mode == ActMode::INT8 ? int8_layout(ws[0]->type) : nullptr;
+    const Int8Layout* layout = mode == ActMode::INT8 ? int8_layout_for(ws[0]->type, path, n_tokens) : nullptr;
     for (int i = 1; i < n && layout; ++i)
-        if (int8_layout(ws[i]->type) != layout) layout = nullptr;
+        if (int8_layout_for(ws[i]->type, path, n_tokens) != layout) layout = nullptr;
     if (!layout || n > 4) {  // float activations, mixed layouts: rotate once, then the plain matmuls
         rotate_rows(x, n_tokens, ws[0]->cols, r, false, pool, path);
         matmul_shared_input_cpu(ws, ys, n, x, n_tokens, mode, pool, path);
