@@ -13,7 +13,8 @@
 // (atomic shared_ptr load) and runs it once; nobody counts detached parts in `done` and the caller
 // does not wait for them, so a late worker only ever touches the task it holds.
 // Workers spin briefly on the generation, then sleep on a condition variable; the caller wakes
-// them only when some sleep. While waiting for claimed parts the caller spins, then yields.
+// them only when some sleep. While waiting for claimed parts the caller spins, then yields
+// (kPauseIterations below).
 #include "bonsai/thread_pool.h"
 
 #include <atomic>
@@ -35,7 +36,13 @@
 namespace bonsai {
 
 namespace {
-constexpr int kSpinIterations = 4000;  // ~tens of microseconds before a worker goes to sleep
+// Waiting (a worker for the next job, the caller for claimed parts): kPauseIterations pause
+// instructions, then sched_yield() up to kSpinIterations in all, then (a worker) sleep. Yielding
+// early matters when the machine is shared: if the thread being waited for was put on the same
+// CPU, a spinning waiter would hold it off for the rest of its time slice; on an otherwise idle
+// CPU the yield returns at once.
+constexpr int kPauseIterations = 200;
+constexpr int kSpinIterations = 4000;
 constexpr int kMaxThreads = 0x7FFF;  // parts (<= threads) are 15 bits of the claim word
 constexpr uint64_t kDetached = uint64_t{1} << 31;  // bit 15 of the parts field: a detached job
 thread_local bool t_inside_pool = false;
@@ -95,7 +102,10 @@ struct ThreadPool::State {
         for (;;) {
             uint32_t gen = word_gen(claim.load(std::memory_order_acquire));
             for (int s = 0; s < kSpinIterations && gen == seen && !stop.load(std::memory_order_relaxed); ++s) {
-                BONSAI_CPU_RELAX();
+                if (s < kPauseIterations)
+                    BONSAI_CPU_RELAX();
+                else
+                    std::this_thread::yield();
                 gen = word_gen(claim.load(std::memory_order_acquire));
             }
             if (gen == seen) {
@@ -159,7 +169,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     s.run_parts(gen, 0);
     t_inside_pool = false;
     for (int i = 0; s.done.load(std::memory_order_acquire) != parts; ++i) {
-        if (i < kSpinIterations)
+        if (i < kPauseIterations)
             BONSAI_CPU_RELAX();
         else
             std::this_thread::yield();

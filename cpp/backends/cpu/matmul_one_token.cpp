@@ -44,7 +44,7 @@ constexpr int64_t kGuidedSplit = 2;                // a claim takes 1 / (threads
 constexpr size_t kMinChunkBytes = 64 << 10;        // ... but at least this many weight bytes
 constexpr size_t kMaxChunkBytes = 1 << 20;         // ... and at most this many (bounds a takeover)
 constexpr int64_t kStealAfterNs = 20000;           // the shortest grace before a takeover
-constexpr int64_t kYieldAfterNs = 2000000;         // a caller waiting longer yields its CPU
+constexpr int kPauseSpins = 200;                   // a caller waiting longer yields its CPU (see thread_pool.cpp)
 constexpr int kMaxTasks = 8;                       // recycled tasks per calling thread
 constexpr int64_t kMaxTiles = int64_t{1} << 24;    // tile indices fit the slot word
 
@@ -177,8 +177,8 @@ struct OneTokenTask final : PoolTask {
         const double ns_per_tile = my_tiles > 0 ? static_cast<double>(wait0 - t0) / static_cast<double>(my_tiles)
                                                 : bytes_per_tile / 2.0;  // no sample: assume 2 GB/s
         for (int spin = 0; done.load(std::memory_order_acquire) < total; ++spin) {
-            BONSAI_SPIN_PAUSE();
-            if (spin % 64 != 0) continue;
+            if (spin < kPauseSpins) BONSAI_SPIN_PAUSE();
+            if (spin % 64 != 0 && spin < kPauseSpins) continue;
             const int64_t waited = now_ns() - wait0;
             for (int64_t t = 1; t < threads; ++t) {
                 uint64_t w = slots[t].word.load(std::memory_order_acquire);
@@ -193,7 +193,7 @@ struct OneTokenTask final : PoolTask {
                     g_takeovers.fetch_add(1, std::memory_order_relaxed);
                 }
             }
-            if (waited > kYieldAfterNs) std::this_thread::yield();
+            if (spin >= kPauseSpins) std::this_thread::yield();
         }
     }
 
