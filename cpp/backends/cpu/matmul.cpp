@@ -37,12 +37,6 @@ void* grow_scratch(std::vector<uint8_t>& buf, size_t bytes) {
 
 namespace {
 
-// One token: a claim takes 1 / (threads * kGuidedSplit) of the tiles still unclaimed, but at least
-// kMinChunkBytes of weights, so claims shrink towards the end of the op and the threads finish
-// together (fixed chunks of 1/16 left one thread alone with up to a whole chunk of the output head).
-constexpr int64_t kGuidedSplit = 2;
-constexpr size_t kMinChunkBytes = 64 << 10;
-
 void* thread_scratch(size_t bytes) {
     static thread_local std::vector<uint8_t> buf;
     return grow_scratch(buf, bytes);

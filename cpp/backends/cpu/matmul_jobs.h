@@ -18,6 +18,11 @@ namespace bonsai::cpu {
 constexpr int64_t kRowTile = 4;  // rows per tile: the unit of work handed to a thread
 constexpr int kMaxLayouts = 4;   // distinct INT8 layouts among the weights of one dispatch
 constexpr int kMaxJobs = kMaxLayouts * 4;
+// One token: a claim takes 1 / (threads * kGuidedSplit) of the tiles still unclaimed, but at least
+// kMinChunkBytes of weights, so claims shrink towards the end of the op and the threads finish
+// together (fixed chunks of 1/16 left one thread alone with up to a whole chunk of the output head).
+constexpr int64_t kGuidedSplit = 2;
+constexpr size_t kMinChunkBytes = 64 << 10;
 
 struct Job {
     WeightView w;

@@ -2,7 +2,8 @@
 // weights outlive them (a Context's).
 //
 // The tiles of the set's weights form one list handed out through an atomic counter in guided
-// chunks (a fixed fraction of what is left, between kMinChunkBytes and kMaxChunkBytes of weights).
+// chunks (a fixed fraction of what is left, between kMinChunkBytes (matmul_jobs.h) and
+// kMaxChunkBytes of weights).
 // The caller computes its chunks straight into the outputs. A worker computes a chunk into its own
 // buffer and then commits it: a compare-and-swap moves its slot from RUNNING to COMMITTING, it
 // copies the rows into the outputs and adds them to `done`. When nothing is left to claim, the
@@ -40,9 +41,7 @@ namespace bonsai::cpu {
 
 namespace {
 
-constexpr int64_t kGuidedSplit = 2;                // a claim takes 1 / (threads * 2) of what is left
-constexpr size_t kMinChunkBytes = 64 << 10;        // ... but at least this many weight bytes
-constexpr size_t kMaxChunkBytes = 1 << 20;         // ... and at most this many (bounds a takeover)
+constexpr size_t kMaxChunkBytes = 1 << 20;         // guided chunks at most this big (bounds a takeover)
 constexpr int64_t kStealAfterNs = 20000;           // the shortest grace before a takeover
 constexpr int kPauseSpins = 200;                   // a caller waiting longer yields its CPU (see thread_pool.cpp)
 constexpr int kMaxTasks = 8;                       // recycled tasks per calling thread
