@@ -163,6 +163,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams& params
 #endif
     const int n_threads = resolve_threads(params_.n_threads);
     pool_ = std::make_unique<ThreadPool>(n_threads);
+    pool_->set_inputs_outlive_pool(true);  // the weights belong to model_, released after pool_
     kv_ = std::make_unique<KvCache>(kv_params(*model_, params_));
     // the host state holds the CPU layers' part (all of it without GPU layers); the device state the
     // offloaded layers' part (gpu_context.cu); every operation goes to both (state_* below)

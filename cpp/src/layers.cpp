@@ -3,6 +3,7 @@
 #include "layers.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -68,10 +69,15 @@ void attention(const AttentionArgs& a, float* scratch, size_t scratch_per_thread
     if (scratch_per_thread < attention_scratch_floats(a.kv->n_cells(), a.n_head, a.n_head_kv, a.head_dim)) {
         throw Error("attention: scratch buffer too small");
     }
+    // (token, kv head) jobs claimed one at a time, so a thread that starts late or is descheduled
+    // holds at most one job back (contiguous shares of a few long one-token jobs did).
     const int64_t n_jobs = a.n_tokens * a.n_head_kv;
-    pool.parallel_for(n_jobs, [&](int64_t begin, int64_t end, int thread) {
+    std::atomic<int64_t> next{0};
+    pool.parallel_for(std::min<int64_t>(pool.size(), n_jobs), [&](int64_t, int64_t, int thread) {
         float* s = scratch + static_cast<size_t>(thread) * scratch_per_thread;
-        for (int64_t j = begin; j < end; ++j) cpu::attention_group(a, j / a.n_head_kv, j % a.n_head_kv, s);
+        for (int64_t j = next.fetch_add(1, std::memory_order_relaxed); j < n_jobs;
+             j = next.fetch_add(1, std::memory_order_relaxed))
+            cpu::attention_group(a, j / a.n_head_kv, j % a.n_head_kv, s);
     });
 }
 

@@ -8,8 +8,13 @@
 // word and claims nothing stale. The caller claims parts too, so a worker that the OS has not
 // scheduled does not hold the caller back: the caller only waits for parts already claimed, and
 // job fields are not overwritten before every claimed part has finished (`done` == parts).
+// A detached job (run_detached; flag bit in the parts field) has one part per worker and a task
+// pointer instead of fn: a worker that claims a part takes its own reference to the task
+// (atomic shared_ptr load) and runs it once; nobody counts detached parts in `done` and the caller
+// does not wait for them, so a late worker only ever touches the task it holds.
 // Workers spin briefly on the generation, then sleep on a condition variable; the caller wakes
-// them only when some sleep. While waiting for claimed parts the caller spins, then yields.
+// them only when some sleep. While waiting for claimed parts the caller spins, then yields
+// (kPauseIterations below).
 #include "bonsai/thread_pool.h"
 
 #include <atomic>
@@ -31,12 +36,19 @@
 namespace bonsai {
 
 namespace {
-constexpr int kSpinIterations = 4000;  // ~tens of microseconds before a worker goes to sleep
-constexpr int kMaxThreads = 0xFFFF;  // parts (<= threads) are 16 bits of the claim word
+// Waiting (a worker for the next job, the caller for claimed parts): kPauseIterations pause
+// instructions, then sched_yield() up to kSpinIterations in all, then (a worker) sleep. Yielding
+// early matters when the machine is shared: if the thread being waited for was put on the same
+// CPU, a spinning waiter would hold it off for the rest of its time slice; on an otherwise idle
+// CPU the yield returns at once.
+constexpr int kPauseIterations = 200;
+constexpr int kSpinIterations = 4000;
+constexpr int kMaxThreads = 0x7FFF;  // parts (<= threads) are 15 bits of the claim word
+constexpr uint64_t kDetached = uint64_t{1} << 31;  // bit 15 of the parts field: a detached job
 thread_local bool t_inside_pool = false;
 
 inline uint32_t word_gen(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
-inline int word_parts(uint64_t w) { return static_cast<int>((w >> 16) & 0xFFFF); }
+inline int word_parts(uint64_t w) { return static_cast<int>((w >> 16) & 0x7FFF); }
 inline int word_next(uint64_t w) { return static_cast<int>(w & 0xFFFF); }
 }  // namespace
 
@@ -52,6 +64,7 @@ struct ThreadPool::State {
 
     const std::function<void(int64_t, int64_t, int)>* fn = nullptr;  // job of the current generation
     int64_t n = 0;
+    std::shared_ptr<PoolTask> task;  // detached job of the current generation (atomic loads/stores)
 
     std::mutex call_m;  // one parallel_for at a time
     std::mutex err_m;
@@ -63,6 +76,11 @@ struct ThreadPool::State {
         for (;;) {
             if (word_gen(w) != gen || word_next(w) >= word_parts(w)) return;
             if (!claim.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+            if (w & kDetached) {
+                const std::shared_ptr<PoolTask> t = std::atomic_load(&task);
+                if (t) t->run(thread);
+                return;
+            }
             const int parts = word_parts(w), i = word_next(w);
             const int64_t begin = n * i / parts, end = n * (i + 1) / parts;
             if (begin < end) {
@@ -84,7 +102,10 @@ struct ThreadPool::State {
         for (;;) {
             uint32_t gen = word_gen(claim.load(std::memory_order_acquire));
             for (int s = 0; s < kSpinIterations && gen == seen && !stop.load(std::memory_order_relaxed); ++s) {
-                BONSAI_CPU_RELAX();
+                if (s < kPauseIterations)
+                    BONSAI_CPU_RELAX();
+                else
+                    std::this_thread::yield();
                 gen = word_gen(claim.load(std::memory_order_acquire));
             }
             if (gen == seen) {
@@ -133,6 +154,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     }
     std::lock_guard<std::mutex> call_lock(s.call_m);
     const int parts = static_cast<int>(n < s.n_threads ? n : s.n_threads);
+    std::atomic_store(&s.task, std::shared_ptr<PoolTask>());
     s.fn = &fn;
     s.n = n;
     s.err = nullptr;
@@ -147,13 +169,33 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     s.run_parts(gen, 0);
     t_inside_pool = false;
     for (int i = 0; s.done.load(std::memory_order_acquire) != parts; ++i) {
-        if (i < kSpinIterations)
+        if (i < kPauseIterations)
             BONSAI_CPU_RELAX();
         else
             std::this_thread::yield();
     }
     s.fn = nullptr;
     if (s.err) std::rethrow_exception(s.err);
+}
+
+void ThreadPool::run_detached(const std::shared_ptr<PoolTask>& task) {
+    State& s = *st_;
+    if (s.n_threads == 1 || t_inside_pool) {
+        task->run(0);
+        return;
+    }
+    std::lock_guard<std::mutex> call_lock(s.call_m);
+    std::atomic_store(&s.task, task);
+    const uint32_t gen = word_gen(s.claim.load(std::memory_order_relaxed)) + 1;
+    const uint64_t parts = static_cast<uint64_t>(s.n_threads - 1);  // one per worker; the caller runs its own
+    s.claim.store(static_cast<uint64_t>(gen) << 32 | kDetached | parts << 16, std::memory_order_seq_cst);
+    if (s.sleepers.load(std::memory_order_seq_cst) > 0) {
+        std::lock_guard<std::mutex> lk(s.m);
+        s.cv_work.notify_all();
+    }
+    t_inside_pool = true;
+    task->run(0);
+    t_inside_pool = false;
 }
 
 }  // namespace bonsai

@@ -16,6 +16,7 @@
 
 #include "../backends/cpu/block_unpack.h"
 #include "../backends/cpu/cpu_features.h"
+#include "../backends/cpu/matmul_jobs.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
 #include "bonsai/quants.h"
@@ -259,8 +260,56 @@ static void test_errors_and_paths() {
     set_cpu_path(before);
 }
 
+// One token on a pool whose weights outlive it: the dispatch is a detached task in which the
+// caller takes over the chunks of workers that do not commit in time. With workers delayed
+// before every commit, takeovers happen, late workers' commits are dropped (they are still
+// running when the next dispatch reuses the outputs) and every result is bit-identical to one
+// thread's, for INT8 and FLOAT weights, several weights per dispatch and consecutive dispatches.
+static void test_one_token_takeover() {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t cols = 2048, rows_a = 6000, rows_b = 333, rows_f = 1027;
+    const std::vector<uint8_t> wa = random_weight(TYPE_PTQ1_0, rows_a, cols, rng);
+    const std::vector<uint8_t> wb = random_weight(TYPE_Q8_0, rows_b, cols, rng);
+    std::vector<uint16_t> wf(static_cast<size_t>(rows_f * cols));
+    for (auto& h : wf) h = fp32_to_fp16(nd(rng));
+    const WeightView va{TYPE_PTQ1_0, wa.data(), rows_a, cols, type_row_bytes(TYPE_PTQ1_0, cols)};
+    const WeightView vb{TYPE_Q8_0, wb.data(), rows_b, cols, type_row_bytes(TYPE_Q8_0, cols)};
+    const WeightView vf{TYPE_F16, wf.data(), rows_f, cols, type_row_bytes(TYPE_F16, cols)};
+    ThreadPool pool1(1);
+    for (int threads : {2, 3}) {
+        for (int64_t delay : {int64_t{0}, int64_t{2000000}}) {
+            ThreadPool pool(threads);
+            pool.set_inputs_outlive_pool(true);
+            cpu::set_one_token_worker_delay_for_tests(delay);
+            const int64_t takeovers0 = cpu::one_token_takeovers_for_tests();
+            // until a takeover has happened (a worker must have claimed a chunk first), 6 at least
+            for (int rep = 0; rep < 6 || (delay > 0 && rep < 400 && cpu::one_token_takeovers_for_tests() == takeovers0);
+                 ++rep) {
+                std::vector<float> x(static_cast<size_t>(cols));
+                for (auto& v : x) v = nd(rng);
+                std::vector<float> ra(rows_a), rb(rows_b), rf(rows_f), ya(rows_a, -1.0f), yb(rows_b, -1.0f),
+                    yf(rows_f, -1.0f);
+                const WeightView* ws[2] = {&va, &vb};
+                float* rs[2] = {ra.data(), rb.data()};
+                float* ys[2] = {ya.data(), yb.data()};
+                matmul_shared_input(ws, rs, 2, x.data(), 1, ActMode::INT8, pool1);
+                matmul_shared_input(ws, ys, 2, x.data(), 1, ActMode::INT8, pool);
+                CHECK(std::memcmp(ya.data(), ra.data(), ra.size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(yb.data(), rb.data(), rb.size() * sizeof(float)) == 0);
+                matmul(vf, x.data(), 1, rf.data(), ActMode::FLOAT, pool1);
+                matmul(vf, x.data(), 1, yf.data(), ActMode::FLOAT, pool);
+                CHECK(std::memcmp(yf.data(), rf.data(), rf.size() * sizeof(float)) == 0);
+            }
+            if (delay > 0) CHECK(cpu::one_token_takeovers_for_tests() > takeovers0);
+        }
+    }
+    cpu::set_one_token_worker_delay_for_tests(0);
+}
+
 int main() {
     test_thread_pool();
+    test_one_token_takeover();
     test_int8_paths();
     test_no_read_past_end();
     test_shared_input();

@@ -10,18 +10,21 @@ namespace bonsai::cpu {
 
 namespace {
 
+// Element of a PTQ1_0 unit held by code vector n, block g, block byte k; -1 for padding.
+int ptq1_element(int n, int g, int k) {
+    int e;
+    if (k < 0) return -1;
+    if (k < 16) e = 16 * n + k;
+    else if (k < 24) e = 80 + 8 * n + (k - 16);
+    else if (k < 26 && n < 4) e = 120 + 2 * n + (k - 24);
+    else return -1;
+    return 128 * g + e;
+}
+
 // Element of the unit held by code vector v, byte p; -1 for padding.
 int slot_element(GgmlType type, int v, int p) {
     switch (type) {
-        case TYPE_PTQ1_0: {
-            const int g = p / 32, k = p % 32, n = v;
-            int e;
-            if (k < 16) e = 16 * n + k;
-            else if (k < 24) e = 80 + 8 * n + (k - 16);
-            else if (k < 26 && n < 4) e = 120 + 2 * n + (k - 24);
-            else return -1;
-            return 128 * g + e;
-        }
+        case TYPE_PTQ1_0: return ptq1_element(v, p / 32, p % 32);
         case TYPE_TQ1_0: {
             const int n = v;
             if (p < 32) return 32 * n + p;
@@ -61,12 +64,14 @@ struct LayoutEntry {
     std::vector<int16_t> map;
 };
 
-LayoutEntry make_entry(GgmlType type, int G, int C, int off, bool is_signed) {
+LayoutEntry make_entry(GgmlType type, int G, int C, int off, bool is_signed, bool shifted = false) {
     LayoutEntry e;
     const BlockInfo* bi = block_info(type);
     e.map.resize(static_cast<size_t>(C) * 64);
     for (int v = 0; v < C; ++v)
-        for (int p = 0; p < 64; ++p) e.map[v * 64 + p] = static_cast<int16_t>(slot_element(type, v, p));
+        for (int p = 0; p < 64; ++p)
+            e.map[v * 64 + p] = static_cast<int16_t>(shifted ? ptq1_element(v, p / 32, p < 32 ? p - 4 : p - 32)
+                                                             : slot_element(type, v, p));
     e.layout = Int8Layout{G, C, off, is_signed, bi->elems, bi->bytes, bi->d_offset, nullptr};
     return e;
 }
@@ -82,6 +87,19 @@ const LayoutEntry* entries() {
 }
 
 }  // namespace
+
+const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens) {
+    if (type == TYPE_PTQ1_0 && path == CpuPath::AVX512 && n_tokens == 1) {
+        static const LayoutEntry shifted = make_entry(TYPE_PTQ1_0, 2, 5, 1, false, true);
+        static const Int8Layout l = [] {
+            Int8Layout r = shifted.layout;
+            r.slot_map = shifted.map.data();
+            return r;
+        }();
+        return &l;
+    }
+    return int8_layout(type);
+}
 
 const Int8Layout* int8_layout(GgmlType type) {
     static const struct Table {

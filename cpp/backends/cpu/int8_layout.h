@@ -19,10 +19,14 @@
 //   Q2_0_G128, PQ2_0 G=2 C=4: p = 32g + k, v = 2-bit field l of qs[k]
 //   Q4_0      G=4 C=2: p = 16g + k, v = 0 low nibble, 1 high nibble of qs[k]
 //   Q8_0      G=2 C=1: p = 32g + k, signed qs[k]
+// One-token AVX-512 variant (int8_layout_for): PTQ1_0 as above but p = 4 + k for block 0 and
+// p = 32 + k for block 1, the bytes of one 64-byte load from 4 bytes before the unit (the 56-byte
+// unit's two blocks then sit in the two halves without moving a byte).
 #pragma once
 
 #include <cstdint>
 
+#include "bonsai/ops.h"
 #include "bonsai/types.h"
 
 namespace bonsai::cpu {
@@ -40,5 +44,8 @@ struct Int8Layout {
 
 // Layout of a quantized type the INT8 kernels run; nullptr for anything else.
 const Int8Layout* int8_layout(GgmlType type);
+// The layout the kernel of `path` reads for n_tokens tokens: int8_layout(type), except the
+// one-token AVX-512 variant of PTQ1_0 (see above).
+const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens);
 
 }  // namespace bonsai::cpu

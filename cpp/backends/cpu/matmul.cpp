@@ -2,16 +2,21 @@
 // unit layout when several weights share one input), then splits the output rows of every weight
 // over the thread pool in tiles of 4 rows and runs the kernel of the chosen path.
 //
-// One token (decode): the tiles of all weights form one list, handed out in chunks of about
-// 1/kChunksPerThread of a thread's share through an atomic counter, so a thread that was
-// descheduled or slowed by other load leaves its chunks to the others and the whole step is one
-// pool dispatch. Two or more tokens: INT8 weights go to the AVX-512 GEMM (matmul_int8_gemm.h) when
-// it applies; otherwise each thread takes one contiguous range of each weight's tiles.
-// Scratch memory is thread-local and only grows, so steady-state calls do not allocate.
+// One token (decode): the tiles of all weights form one list, handed out through an atomic
+// counter in guided chunks (each a fixed fraction of what is left, down to a minimum size), so a
+// thread that was descheduled or slowed by other load leaves its chunks to the others, the threads
+// finish close together, and the whole step is one pool dispatch. With a pool whose weights
+// outlive it (a Context's), that dispatch is a detached task that also takes over the chunk of a
+// worker descheduled in the middle of it (matmul_one_token.cpp). Two or more tokens: INT8 weights
+// go to the AVX-512 GEMM (matmul_int8_gemm.h) when it applies; otherwise each thread takes one
+// contiguous range of each weight's tiles.
+// Scratch memory is thread-local (or owned by a recycled task) and only grows, so steady-state
+// calls do not allocate.
 #include "matmul.h"
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "act_quant.h"
@@ -19,15 +24,10 @@
 #include "hadamard.h"
 #include "matmul_float_gemm.h"
 #include "matmul_int8_gemm.h"
+#include "matmul_jobs.h"
 #include "matmul_kernels.h"
 
 namespace bonsai::cpu {
-
-namespace {
-
-constexpr int64_t kRowTile = 4;
-constexpr int64_t kChunksPerThread = 8;
-constexpr int kMaxLayouts = 4;  // distinct INT8 layouts among the weights of one shared-input call
 
 void* grow_scratch(std::vector<uint8_t>& buf, size_t bytes) {
     if (buf.size() < bytes + 64) buf.resize(bytes + 64);
@@ -35,57 +35,18 @@ void* grow_scratch(std::vector<uint8_t>& buf, size_t bytes) {
     return reinterpret_cast<void*>((p + 63) / 64 * 64);
 }
 
+namespace {
+
 void* thread_scratch(size_t bytes) {
     static thread_local std::vector<uint8_t> buf;
     return grow_scratch(buf, bytes);
-}
-
-struct Job {
-    const WeightView* w;
-    const float* x;
-    int64_t n_tokens;
-    float* y;
-    CpuPath path;
-    const ActInt8* act;  // nullptr in FLOAT mode
-};
-
-int64_t job_tiles(const Job& j) { return (j.w->rows + kRowTile - 1) / kRowTile; }
-
-void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end) {
-    const WeightView& w = *j.w;
-    const int64_t r0 = tile_begin * kRowTile;
-    const int64_t r1 = tile_end * kRowTile < w.rows ? tile_end * kRowTile : w.rows;
-    if (j.act) {
-        switch (j.path) {
-            case CpuPath::SCALAR: matmul_int8_scalar(w, *j.act, r0, r1, j.y, thread_scratch(kernel_scratch_bytes(w.cols))); break;
-            case CpuPath::AVX2: matmul_int8_avx2(w, *j.act, r0, r1, j.y); break;
-            case CpuPath::AVX512:
-                if (avx512_vbmi_enabled())
-                    matmul_int8_avx512_vbmi(w, *j.act, r0, r1, j.y);
-                else
-                    matmul_int8_avx512(w, *j.act, r0, r1, j.y);
-                break;
-        }
-        return;
-    }
-    void* scratch = thread_scratch(kernel_scratch_bytes(w.cols));
-    switch (j.path) {
-        case CpuPath::SCALAR: matmul_float_scalar(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
-        case CpuPath::AVX2: matmul_float_avx2(w, j.x, j.n_tokens, r0, r1, j.y, scratch); break;
-        case CpuPath::AVX512:
-            if (w.type == TYPE_F16 && j.n_tokens >= 2 && j.n_tokens <= kF16GemmMaxTokens)
-                matmul_f16_gemm_avx512(w, j.x, j.n_tokens, r0, r1, j.y);
-            else
-                matmul_float_avx512(w, j.x, j.n_tokens, r0, r1, j.y, scratch);
-            break;
-    }
 }
 
 // Runs tiles [begin, end) of the concatenated tile list of jobs[0..n).
 void run_tile_range(const Job* jobs, const int64_t* first_tile, int n, int64_t begin, int64_t end) {
     for (int i = 0; i < n && begin < end; ++i) {
         const int64_t lo = std::max(begin, first_tile[i]), hi = std::min(end, first_tile[i + 1]);
-        if (lo < hi) run_rows(jobs[i], lo - first_tile[i], hi - first_tile[i]);
+        if (lo < hi) run_rows(jobs[i], lo - first_tile[i], hi - first_tile[i], jobs[i].y);
     }
 }
 
@@ -118,8 +79,10 @@ ActInt8 quantize_input(const Int8Layout* layout, const float* x, int64_t cols, i
     return act;
 }
 
-void dispatch(const Job* jobs, int n, ThreadPool& pool) {
-    int64_t first_tile[kMaxLayouts * 4 + 1];
+void dispatch(const JobSet& set, ThreadPool& pool) {
+    const Job* jobs = set.jobs;
+    const int n = set.n;
+    int64_t first_tile[kMaxJobs + 1];
     first_tile[0] = 0;
     for (int i = 0; i < n; ++i) first_tile[i + 1] = first_tile[i] + job_tiles(jobs[i]);
     const int64_t total = first_tile[n];
@@ -127,23 +90,94 @@ void dispatch(const Job* jobs, int n, ThreadPool& pool) {
     if (jobs[0].n_tokens >= 2) {
         for (int i = 0; i < n; ++i) {
             const Job* jp = &jobs[i];
-            if (jp->act && matmul_int8_gemm(*jp->w, *jp->act, jp->y, pool, jp->path)) continue;  // AVX-512 GEMM
-            pool.parallel_for(job_tiles(*jp), [jp](int64_t b, int64_t e, int) { run_rows(*jp, b, e); });
+            if (jp->act && matmul_int8_gemm(jp->w, *jp->act, jp->y, pool, jp->path)) continue;  // AVX-512 GEMM
+            pool.parallel_for(job_tiles(*jp), [jp](int64_t b, int64_t e, int) { run_rows(*jp, b, e, jp->y); });
         }
         return;
     }
     const int64_t threads = pool.size();
-    const int64_t chunk = std::max<int64_t>(1, total / (threads * kChunksPerThread));
-    const int64_t n_chunks = (total + chunk - 1) / chunk;
+    size_t bytes = 0;
+    for (int i = 0; i < n; ++i) bytes += static_cast<size_t>(jobs[i].w.rows) * jobs[i].w.row_bytes;
+    const int64_t min_chunk = std::max<int64_t>(1, static_cast<int64_t>(kMinChunkBytes * total / std::max<size_t>(bytes, 1)));
     std::atomic<int64_t> next{0};
-    pool.parallel_for(std::min(threads, n_chunks), [&](int64_t, int64_t, int) {
-        for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
-             c = next.fetch_add(1, std::memory_order_relaxed))
-            run_tile_range(jobs, first_tile, n, c * chunk, std::min(total, (c + 1) * chunk));
+    pool.parallel_for(std::min(threads, (total + min_chunk - 1) / min_chunk), [&](int64_t, int64_t, int) {
+        int64_t c = next.load(std::memory_order_relaxed);
+        for (;;) {
+            int64_t end;
+            do {
+                if (c >= total) return;
+                end = std::min(total, c + std::max(min_chunk, (total - c) / (threads * kGuidedSplit)));
+            } while (!next.compare_exchange_weak(c, end, std::memory_order_relaxed));
+            run_tile_range(jobs, first_tile, n, c, end);
+            c = next.load(std::memory_order_relaxed);
+        }
     });
 }
 
+// Where the jobs of one dispatch are collected: a one-token task's set, or this thread's set.
+struct Collector {
+    ThreadPool& pool;
+    int64_t n_tokens;
+    OneTokenTask* task = nullptr;
+    JobSet* set = nullptr;
+    Collector(ThreadPool& p, int64_t nt) : pool(p), n_tokens(nt) { begin(); }
+    void begin() {
+        static thread_local JobSet own;
+        task = n_tokens == 1 ? acquire_one_token_task(pool) : nullptr;
+        set = task ? &one_token_task_set(task) : &own;
+        set->clear();
+    }
+    // The input a FLOAT-mode job reads: a task owns a copy of it (a descheduled worker may still
+    // read it after the caller has moved on).
+    const float* input(const float* x, int64_t cols) {
+        if (!task) return x;
+        if (set->x_own.empty()) set->x_own.assign(x, x + cols);
+        return set->x_own.data();
+    }
+    void run() {
+        if (set->n == 0) return;
+        if (task)
+            run_one_token_task(task, pool);
+        else
+            dispatch(*set, pool);
+    }
+    void flush() {  // runs what is collected and starts a new set
+        run();
+        begin();
+    }
+};
+
 }  // namespace
+
+void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end, float* y) {
+    const WeightView& w = j.w;
+    const int64_t r0 = tile_begin * kRowTile;
+    const int64_t r1 = tile_end * kRowTile < w.rows ? tile_end * kRowTile : w.rows;
+    if (j.act) {
+        switch (j.path) {
+            case CpuPath::SCALAR: matmul_int8_scalar(w, *j.act, r0, r1, y, thread_scratch(kernel_scratch_bytes(w.cols))); break;
+            case CpuPath::AVX2: matmul_int8_avx2(w, *j.act, r0, r1, y); break;
+            case CpuPath::AVX512:
+                if (avx512_vbmi_enabled())
+                    matmul_int8_avx512_vbmi(w, *j.act, r0, r1, y);
+                else
+                    matmul_int8_avx512(w, *j.act, r0, r1, y);
+                break;
+        }
+        return;
+    }
+    void* scratch = thread_scratch(kernel_scratch_bytes(w.cols));
+    switch (j.path) {
+        case CpuPath::SCALAR: matmul_float_scalar(w, j.x, j.n_tokens, r0, r1, y, scratch); break;
+        case CpuPath::AVX2: matmul_float_avx2(w, j.x, j.n_tokens, r0, r1, y, scratch); break;
+        case CpuPath::AVX512:
+            if (w.type == TYPE_F16 && j.n_tokens >= 2 && j.n_tokens <= kF16GemmMaxTokens)
+                matmul_f16_gemm_avx512(w, j.x, j.n_tokens, r0, r1, y);
+            else
+                matmul_float_avx512(w, j.x, j.n_tokens, r0, r1, y, scratch);
+            break;
+    }
+}
 
 void matmul_cpu(const WeightView& w, const float* x, int64_t n_tokens, float* y, ActMode mode, ThreadPool& pool,
                 CpuPath path) {
@@ -155,60 +189,54 @@ void matmul_cpu(const WeightView& w, const float* x, int64_t n_tokens, float* y,
 void matmul_shared_input_cpu(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tokens,
                              ActMode mode, ThreadPool& pool, CpuPath path) {
     if (n_tokens == 0) return;
-    static thread_local std::vector<uint8_t> act_buf[kMaxLayouts];
-    const Int8Layout* layouts[kMaxLayouts];
-    ActInt8 acts[kMaxLayouts];
-    int n_layouts = 0;
-    Job jobs[kMaxLayouts * 4];
-    int n_jobs = 0;
+    Collector col(pool, n_tokens);
     for (int i = 0; i < n; ++i) {
-        if (n_jobs == kMaxLayouts * 4) {  // more weights than one dispatch holds: run what is queued
-            dispatch(jobs, n_jobs, pool);
-            n_jobs = 0;
-            n_layouts = 0;
-        }
+        if (col.set->n == kMaxJobs) col.flush();  // more weights than one dispatch holds: run what is queued
+        JobSet& set = *col.set;
         const WeightView& w = *ws[i];
-        Job job{&w, x, n_tokens, ys[i], path, nullptr};
-        const Int8Layout* layout = int8_layout(w.type);
+        Job job{w, x, n_tokens, ys[i], path, nullptr};
+        const Int8Layout* layout = int8_layout_for(w.type, path, n_tokens);
         if (mode == ActMode::INT8 && layout) {
             int k = 0;
-            while (k < n_layouts && layouts[k] != layout) ++k;
-            if (k == n_layouts) {
-                if (n_layouts == kMaxLayouts) {
-                    dispatch(jobs, n_jobs, pool);
-                    n_jobs = 0;
-                    n_layouts = 0;
-                    k = 0;
+            while (k < set.n_layouts && set.layouts[k] != layout) ++k;
+            if (k == set.n_layouts) {
+                if (set.n_layouts == kMaxLayouts) {
+                    col.flush();
+                    i -= 1;  // this weight goes into the next dispatch
+                    continue;
                 }
-                layouts[k] = layout;
-                acts[k] = quantize_input(layout, x, w.cols, n_tokens, path, act_buf[k], pool);
-                ++n_layouts;
+                set.layouts[k] = layout;
+                set.acts[k] = quantize_input(layout, x, w.cols, n_tokens, path, set.act_buf[k], pool);
+                ++set.n_layouts;
             }
-            job.act = &acts[k];
+            job.act = &set.acts[k];
+        } else {
+            job.x = col.input(x, w.cols);
         }
-        if (w.rows > 0) jobs[n_jobs++] = job;
+        if (w.rows > 0) set.jobs[set.n++] = job;
     }
-    if (n_jobs > 0) dispatch(jobs, n_jobs, pool);
+    col.run();
 }
 
 void matmul_rotated_cpu(const WeightView* const* ws, float* const* ys, int n, float* x, int64_t n_tokens,
                         const Rotation& r, ActMode mode, ThreadPool& pool, CpuPath path) {
     if (n_tokens == 0) return;
-    const Int8Layout* layout = mode == ActMode::INT8 ? int8_layout(ws[0]->type) : nullptr;
+    const Int8Layout* layout = mode == ActMode::INT8 ? int8_layout_for(ws[0]->type, path, n_tokens) : nullptr;
     for (int i = 1; i < n && layout; ++i)
-        if (int8_layout(ws[i]->type) != layout) layout = nullptr;
+        if (int8_layout_for(ws[i]->type, path, n_tokens) != layout) layout = nullptr;
     if (!layout || n > 4) {  // float activations, mixed layouts: rotate once, then the plain matmuls
         rotate_rows(x, n_tokens, ws[0]->cols, r, false, pool, path);
         matmul_shared_input_cpu(ws, ys, n, x, n_tokens, mode, pool, path);
         return;
     }
-    static thread_local std::vector<uint8_t> act_buf;
-    const ActInt8 act = quantize_input(layout, x, ws[0]->cols, n_tokens, path, act_buf, pool, &r);
-    Job jobs[4];
-    int n_jobs = 0;
+    Collector col(pool, n_tokens);
+    JobSet& set = *col.set;
+    set.layouts[0] = layout;
+    set.acts[0] = quantize_input(layout, x, ws[0]->cols, n_tokens, path, set.act_buf[0], pool, &r);
+    set.n_layouts = 1;
     for (int i = 0; i < n; ++i)
-        if (ws[i]->rows > 0) jobs[n_jobs++] = Job{ws[i], x, n_tokens, ys[i], path, &act};
-    if (n_jobs > 0) dispatch(jobs, n_jobs, pool);
+        if (ws[i]->rows > 0) set.jobs[set.n++] = Job{*ws[i], x, n_tokens, ys[i], path, &set.acts[0]};
+    col.run();
 }
 
 }  // namespace bonsai::cpu

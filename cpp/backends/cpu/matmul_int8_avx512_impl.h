@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "block_unpack.h"
 #include "bonsai/quants.h"
@@ -53,26 +54,30 @@ namespace bonsai::cpu {
 namespace {
 
 
-// Per type: load() reads a unit into a zmm, codes() unpacks it. kDWord >= 0: the fp16 scale of the
-// unit's block g is 16-bit word kDWord + 16 g of the loaded zmm (its codes meet zero activations).
+// Per type: load() reads a unit into a zmm (first: the row's first unit; more: another unit
+// follows in the row), codes() unpacks it. kDWord >= 0: the fp16 scale of the unit's block 0 (1)
+// is 16-bit word kDWord (kDWord1) of the loaded zmm (its codes meet zero activations).
+// PTQ1_0 uses the one-token variant of its layout (int8_layout.h): one 64-byte load from 4 bytes
+// before the unit puts block 0 at bytes 4..31 and block 1 at 32..59. The bytes around them (the
+// neighbouring units or rows, or a missing second block) meet zero activations; only bytes
+// outside the weight [lo, hi) are masked off (the first unit of its first row, the last unit of its
+// last row), so every other unit is one plain load.
 struct KPtq1 {
-    static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 13;
+    static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 15, kDWord1 = 29;
     static constexpr bool kTrits = true, kWide = false;
-    // more: another unit follows in the row, so plain 32-byte loads may run 4 bytes into it (those
-    // bytes meet zero activations); the row's last unit uses masked loads of the 28-byte blocks.
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool more) {
-        if (more)
-            return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBytes)));
-        const __mmask32 m = (1u << kBytes) - 1;  // the whole block, scale included
-        return join256(_mm256_maskz_loadu_epi8(m, p),
-                       nin > 1 ? _mm256_maskz_loadu_epi8(m, p + kBytes) : _mm256_setzero_si256());
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
+        const uint8_t* q = p - 4;
+        if (q >= lo && q + 64 <= hi) return _mm512_loadu_si512(q);
+        uint64_t m = ~uint64_t{0};
+        if (q < lo) m <<= lo - q;
+        if (q + 64 > hi) m &= ~uint64_t{0} >> (q + 64 - hi);
+        return _mm512_maskz_loadu_epi8(m, q);
     }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { trits5(src, c); }
 };
 
 struct KTq1 {
-    static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26;
+    static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26, kDWord1 = 26;
     static constexpr bool kTrits = true, kWide = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
         if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
@@ -169,7 +174,7 @@ BONSAI_AVX512 inline __m128 block_fma(__m128 acc, __m128i isum, __m128i asum4, _
 template <class K>
 BONSAI_AVX512 inline __m256 unit_scales(const __m512i* src, const uint8_t* const* p, int nin) {
     if constexpr (K::kDWord >= 0) {
-        constexpr short w0 = K::kDWord, w1 = K::G == 2 ? K::kDWord + 16 : K::kDWord;
+        constexpr short w0 = K::kDWord, w1 = K::kDWord1;
         alignas(64) static constexpr int16_t kPick[32] = {w0, 32 + w0, w1, 32 + w1};
         alignas(64) static constexpr int16_t kOrder[32] = {0, 1, 32, 33, 2, 3, 34, 35};
         const __m512i pick = _mm512_load_si512(kPick);
@@ -215,7 +220,7 @@ BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
 // 4 rows x 1 token.
 template <class K>
 BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, const int32_t* asum, int64_t nb,
-                               int64_t prefetch_stride) {
+                               int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi) {
     const int64_t nu = (nb + K::G - 1) / K::G;
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
     __m128 acc = _mm_setzero_ps();
@@ -230,7 +235,8 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
             for (int i = 0; i < 4; ++i) {
                 p[i] = rows[i] + u * unit_bytes;
                 prefetch_unit<K>(p[i] + prefetch_stride);
-                src[i] = K::load(p[i], nin, u + 1 < nu);
+                if constexpr (std::is_same_v<K, KPtq1>) src[i] = K::load(p[i], lo, hi);
+                else src[i] = K::load(p[i], nin, u + 1 < nu);
                 top[i] = _mm512_movepi8_mask(src[i]);
                 key[i] = trit_key(src[i], top[i]);
                 s[i] = _mm512_setzero_si512();
@@ -278,6 +284,7 @@ template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const uint8_t* end = base + rows * static_cast<int64_t>(w.row_bytes);
     // One token at a time: two or more tokens normally go to the GEMM (matmul_int8_gemm_impl.h),
     // which unpacks each weight once for all of them; this loop is its exact (slower) equivalent.
     const int64_t prefetch_stride = kPrefetchRows * static_cast<int64_t>(w.row_bytes);
@@ -288,7 +295,7 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
             const uint8_t* rp[4];
             for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
             alignas(16) float out[4];
-            _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, prefetch_stride), _mm_set1_ps(a.scale[t])));
+            _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, prefetch_stride, base, end), _mm_set1_ps(a.scale[t])));
             for (int i = 0; i < 4 && r + i < r1; ++i) y[t * rows + r + i] = out[i];
         }
     }

@@ -9,6 +9,13 @@
 // matmuls of a decode step.
 // Calls from several threads are serialized; a parallel_for issued from inside a running chunk
 // runs inline (no deadlock). The first exception thrown by a chunk is rethrown to the caller.
+//
+// run_detached(task) is the variant for work that tracks its own completion: the caller runs
+// task->run(0) and returns when that returns, without waiting for the workers that joined; each
+// worker that picks the task up runs task->run(its index) once, holding its own reference, so a
+// worker the OS descheduled in the middle of it may still be inside run() after the caller moved
+// on (the task must make that harmless, e.g. by letting the caller take over unfinished work and
+// by never touching memory it does not own). run() must not throw.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +23,11 @@
 #include <memory>
 
 namespace bonsai {
+
+struct PoolTask {
+    virtual ~PoolTask() = default;
+    virtual void run(int thread_index) = 0;  // thread_index: 0 the caller, 1.. the workers
+};
 
 class ThreadPool {
 public:
@@ -28,10 +40,19 @@ public:
     // Runs fn(begin, end, thread_index) over [0, n) split into contiguous chunks; returns when all
     // are done.
     void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
+    // Runs task on the caller and on every worker that picks it up; returns when the caller's
+    // task->run(0) returns (see above).
+    void run_detached(const std::shared_ptr<PoolTask>& task);
+    // Whether callers may hand this pool detached tasks that read memory they do not own (model
+    // weights): the owner sets it when that memory outlives the pool (a Context's model does,
+    // since the pool is destroyed, joining every worker, before the model is released).
+    void set_inputs_outlive_pool(bool v) { inputs_outlive_pool_ = v; }
+    bool inputs_outlive_pool() const { return inputs_outlive_pool_; }
 
 private:
     struct State;
     std::unique_ptr<State> st_;
+    bool inputs_outlive_pool_ = false;
 };
 
 }  // namespace bonsai

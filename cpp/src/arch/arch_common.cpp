@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "../model_loader.h"
+#include "../op_profile.h"
 #include "arch.h"
 #include "bonsai/error.h"
 
@@ -62,6 +63,8 @@ void load_common_layer(ModelLoader& ld, const Hparams& hp, int64_t il, LayerWeig
     w.w_down = ld.matrix(b + "ffn_down.weight", hp.n_ff, hp.n_embd);
 }
 
+static size_t weight_bytes(const WeightView& w) { return static_cast<size_t>(w.rows) * w.row_bytes; }
+
 static RopeParams rope_params(const Model& m) {
     const Hparams& hp = m.hparams();
     RopeParams r;
@@ -107,6 +110,7 @@ void matmul_one(const WeightView& w, const Rotation& r, float* x, int64_t n_toke
 }
 
 void begin_forward(const Model& m, ForwardState& st) {
+    OpScope op(OpKind::EMBED, st.n_tokens);
     get_rows(m.tok_embd(), st.token, st.n_tokens, st.x);
     if (m.embd_rotation().active()) hadamard_unrotate(st.x, st.n_tokens, m.hparams().n_embd, m.embd_rotation(), *st.pool);
     rope_table(st.pos, st.n_tokens, rope_params(m), st.rope_cs);
@@ -114,10 +118,14 @@ void begin_forward(const Model& m, ForwardState& st) {
 
 void project_qkv(const Model& m, const LayerWeights& w, ForwardState& st) {
     const Hparams& hp = m.hparams();
-    rms_norm(st.x, w.attn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
+    {
+        OpScope op(OpKind::NORM, st.n_tokens);
+        rms_norm(st.x, w.attn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
+    }
     const WeightView* ws[3] = {&w.wq, &w.wk, &w.wv};
     const Rotation* rs[3] = {&w.r_q, &w.r_k, &w.r_v};
     float* ys[3] = {st.q, st.k, st.v};
+    OpScope op(OpKind::QKV, st.n_tokens, weight_bytes(w.wq) + weight_bytes(w.wk) + weight_bytes(w.wv));
     matmul_group(ws, rs, ys, 3, st.cur, st.n_tokens, st);
 }
 
@@ -129,10 +137,13 @@ void attend(const Model& m, const LayerWeights& w, int64_t il, ForwardState& st)
 void attention_heads(const Model& m, int64_t il, ForwardState& st) {
     const Hparams& hp = m.hparams();
     const RopeParams rp = rope_params(m);
-    rope_apply(st.q, st.n_tokens, hp.n_head, hp.head_dim, rp, st.rope_cs);
-    rope_apply(st.k, st.n_tokens, hp.n_head_kv, hp.head_dim, rp, st.rope_cs);
-    for (int64_t t = 0; t < st.n_tokens; ++t) {
-        st.kv->store(il, st.cell[t], st.k + t * hp.n_embd_kv(), st.v + t * hp.n_embd_kv());
+    {
+        OpScope op(OpKind::ROPE_KV, st.n_tokens);
+        rope_apply(st.q, st.n_tokens, hp.n_head, hp.head_dim, rp, st.rope_cs);
+        rope_apply(st.k, st.n_tokens, hp.n_head_kv, hp.head_dim, rp, st.rope_cs);
+        for (int64_t t = 0; t < st.n_tokens; ++t) {
+            st.kv->store(il, st.cell[t], st.k + t * hp.n_embd_kv(), st.v + t * hp.n_embd_kv());
+        }
     }
     AttentionArgs a;
     a.q = st.q;
@@ -147,23 +158,41 @@ void attention_heads(const Model& m, int64_t il, ForwardState& st) {
     a.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
     a.flash = st.flash_attn;
     a.out = st.attn;
+    OpScope op(OpKind::ATTENTION, st.n_tokens);
     attention(a, st.attn_scratch, st.attn_scratch_per_thread, *st.pool);
 }
 
 void attention_output(const Model& m, const LayerWeights& w, ForwardState& st) {
-    matmul_one(w.wo, w.r_o, st.attn, st.n_tokens, st.cur, st);
+    {
+        OpScope op(OpKind::ATTN_OUT, st.n_tokens, weight_bytes(w.wo));
+        matmul_one(w.wo, w.r_o, st.attn, st.n_tokens, st.cur, st);
+    }
+    OpScope op(OpKind::RESIDUAL, st.n_tokens);
     add_inplace(st.x, st.cur, st.n_tokens * m.hparams().n_embd);
 }
 
 void ffn_swiglu(const Model& m, const LayerWeights& w, ForwardState& st) {
     const Hparams& hp = m.hparams();
-    rms_norm(st.x, w.ffn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
+    {
+        OpScope op(OpKind::NORM, st.n_tokens);
+        rms_norm(st.x, w.ffn_norm.data(), st.n_tokens, hp.n_embd, hp.rms_eps, st.cur);
+    }
     const WeightView* ws[2] = {&w.w_gate, &w.w_up};
     const Rotation* rs[2] = {&w.r_gate, &w.r_up};
     float* ys[2] = {st.gate, st.up};
-    matmul_group(ws, rs, ys, 2, st.cur, st.n_tokens, st);
-    swiglu(st.gate, st.up, st.n_tokens * hp.n_ff, st.gate);
-    matmul_one(w.w_down, w.r_down, st.gate, st.n_tokens, st.cur, st);
+    {
+        OpScope op(OpKind::GATE_UP, st.n_tokens, weight_bytes(w.w_gate) + weight_bytes(w.w_up));
+        matmul_group(ws, rs, ys, 2, st.cur, st.n_tokens, st);
+    }
+    {
+        OpScope op(OpKind::SWIGLU, st.n_tokens);
+        swiglu(st.gate, st.up, st.n_tokens * hp.n_ff, st.gate);
+    }
+    {
+        OpScope op(OpKind::DOWN, st.n_tokens, weight_bytes(w.w_down));
+        matmul_one(w.w_down, w.r_down, st.gate, st.n_tokens, st.cur, st);
+    }
+    OpScope op(OpKind::RESIDUAL, st.n_tokens);
     add_inplace(st.x, st.cur, st.n_tokens * hp.n_embd);
 }
 
@@ -172,11 +201,15 @@ void output_logits(const Model& m, ForwardState& st) {
     const Hparams& hp = m.hparams();
     // embeddings: the normed rows are the result (st.cur may not exist: all layers on the GPU)
     float* normed = st.embd ? st.embd : st.cur;
-    for (int64_t i = 0; i < st.n_out; ++i) {
-        rms_norm(st.x + static_cast<int64_t>(st.out_rows[i]) * hp.n_embd, m.output_norm().data(), 1,
-                 hp.n_embd, hp.rms_eps, normed + i * hp.n_embd);
+    {
+        OpScope op(OpKind::NORM, st.n_tokens);
+        for (int64_t i = 0; i < st.n_out; ++i) {
+            rms_norm(st.x + static_cast<int64_t>(st.out_rows[i]) * hp.n_embd, m.output_norm().data(), 1,
+                     hp.n_embd, hp.rms_eps, normed + i * hp.n_embd);
+        }
     }
     if (st.embd) return;
+    OpScope op(OpKind::HEAD, st.n_tokens, weight_bytes(m.output()));
     matmul_one(m.output(), m.output_rotation(), st.cur, st.n_out, st.logits, st);
 }
 
