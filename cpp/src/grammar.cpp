@@ -76,11 +76,16 @@ std::string python_line(const std::string& python, const std::string& code) {
     return out.find('\n') == std::string::npos ? out : "";
 }
 
-// The Pythons to ask, in order: the one beside the executable (a venv), then python3 on PATH.
+// The Pythons to ask, in order: the one beside the executable (a venv), the active virtual
+// environment's ($VIRTUAL_ENV: a wrapper such as a pyenv shim may have put another Python first on
+// PATH), then python3 on PATH.
 std::vector<std::string> pythons() {
     std::vector<std::string> out;
-    const std::string local = exe_dir() + "/python3";
-    if (access(local.c_str(), X_OK) == 0) out.push_back("\"" + local + "\"");
+    std::vector<std::string> candidates = {exe_dir() + "/python3"};
+    const char* venv = std::getenv("VIRTUAL_ENV");
+    if (venv != nullptr && *venv != '\0') candidates.push_back(std::string(venv) + "/bin/python3");
+    for (const std::string& py : candidates)
+        if (access(py.c_str(), X_OK) == 0) out.push_back("\"" + py + "\"");
     out.emplace_back("python3");
     return out;
 }
