@@ -25,6 +25,19 @@ import argparse
 HELP = "quantize a Hugging Face checkpoint or GGUF file to PTQ1_0 with calibration data"
 
 
+def _ridge(text: str) -> float | None:
+    """--ridge: auto (None) or a non-negative number."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or a number >= 0 (e.g. 0.1)")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", required=True, help="Hugging Face model directory (config.json, "
                    "*.safetensors F16/BF16/F32, tokenizer.json or tokenizer.model), or a GGUF "
@@ -71,7 +84,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "their bytes, the largest read of a decoded token, but on the ternary "
                         "Qwen2.5-Coder-0.5B it raised the PPL ratio from 9.4 to 12.4: see the README)")
     p.add_argument("--damp", type=float, default=0.01,
-                   help="GPTQ damping, as a fraction of the mean Hessian diagonal")
+                   help="GPTQ damping of the inverse Hessian, as a fraction of its mean diagonal")
+    p.add_argument("--ridge", default="auto", type=_ridge,
+                   help="ridge of each layer's objective (output error + RIDGE x mean Hessian "
+                   "diagonal x the squared weight change), as a fraction of the mean Hessian "
+                   "diagonal: keeps GPTQ, the scale refit and coordinate descent from fitting the "
+                   "noise of a small calibration set; auto (default) = 2 x input width / "
+                   "calibration tokens, between --damp and 1 (e.g. 1 for a 4864-wide down_proj on "
+                   "12 x 256 tokens, 0.027 for an 896-wide layer on 128 x 512); 0 = off")
     p.add_argument("--method", choices=("gptq", "rtn"), default="gptq",
                    help="gptq: the calibrated fit (default); rtn: plain round-to-nearest ternary "
                    "(absmean threshold, no calibration data), the baseline to compare against")
@@ -122,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         target_bpw=args.target_bpw, target_gain=args.target_gain, group_size=args.group_size,
         max_samples=args.max_samples,
         seq_len=args.seq_len, seed=args.seed, policy=args.policy, embed_type=args.embed_type,
-        damp=args.damp, method=args.method,
+        damp=args.damp, ridge=args.ridge, method=args.method,
         equalize=args.equalize, refine_target=args.refine_target,
         float_target=args.float_target, force=args.force, progress=not args.no_progress,
         device=args.device, forward_dtype=args.forward_dtype, rotate=args.rotate)

@@ -50,8 +50,8 @@ import torch
 from ..errors import BonsaiError
 from .fisher import fisher_sequences, keep_dtype, output_fisher, predicted_loss
 from .gptq import (ESTIMATE_ROWS, LayerResult, dequantize, grid, plain_fit_row_errors,
-                   prepare_hessian, quantize_absmean, quantize_layer, quantize_rtn,
-                   reference_codes)
+                   auto_ridge, prepare_hessian, quantize_absmean, quantize_layer, quantize_rtn,
+                   reference_codes, with_ridge)
 from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, SHORTCUT_INPUTS, STAGES,
                         HfLayers, resolve_device, resolve_forward_dtype)
 from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
@@ -81,6 +81,7 @@ class QuantizeOptions:
     policy: str | None = None
     embed_type: str = "f16"
     damp: float = 0.01
+    ridge: float | None = None             # layer-objective ridge (gptq.with_ridge); None: auto
     method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)
     equalize: bool = False                 # activation-aware channel scaling (equalize.py)
     refine_target: str = "float"           # "float": the float model's stream; "block": same x
@@ -359,6 +360,8 @@ class Quantizer:
             raise BonsaiError(f"--batch-size {opts.batch_size}: must be at least 1")
         if opts.calib_steps < 0 or opts.lr <= 0:
             raise BonsaiError("--calib-steps must be >= 0 and --lr > 0")
+        if opts.ridge is not None and not opts.ridge >= 0:
+            raise BonsaiError(f"--ridge {opts.ridge}: auto or a number >= 0")
         if opts.method not in METHODS:
             raise BonsaiError(f"--method {opts.method!r}: one of {', '.join(METHODS)}")
         if opts.method == "rtn" and (opts.sensitivity or opts.target_bpw is not None
@@ -841,7 +844,7 @@ class Quantizer:
         tiers, reasons = self._block_tiers(i)
         short = None             # the mixer's output from cached inputs, once they are known
         for stage in STAGES:
-            H = C = prep = kept = None
+            H = Hq = C = prep = kept = None
             for key in stage:
                 if key not in w:                # not a tensor of this kind of layer
                     continue
@@ -889,6 +892,9 @@ class Quantizer:
                             H = self.blocks.hessian(i, qw, x, INPUT_OF[key], short)
                     if o.equalize:
                         H = self._equalize(i, stage, w, qw, stored, H, tiers, lossless)
+                    ridge = (o.ridge if o.ridge is not None else
+                             auto_ridge(H.shape[0], x.shape[0] * x.shape[1], o.damp))
+                    Hq = with_ridge(H, ridge)
                 target = w[key]
                 if x_fp is not None and grid(t).ternary:
                     with self.timer("hessian"):
@@ -897,9 +903,9 @@ class Quantizer:
                         target = self._float_target(w[key], H, C)
                 with self.timer("gptq"):
                     if prep is None:
-                        prep = prepare_hessian(H, o.damp, target.dtype)
-                    res = quantize_layer(target, H, t, o.damp, prep)
-                    cos, rel = (res.cosine, res.err) if target is w[key] else \
+                        prep = prepare_hessian(Hq, o.damp, target.dtype)
+                    res = quantize_layer(target, Hq, t, o.damp, prep)
+                    cos, rel = (res.cosine, res.err) if target is w[key] and Hq is H else \
                         output_metrics(w[key], res.dequantize(), H)
                 reason = reasons.get(key)
                 if t == "q8_0" and reason is None and not pinned:
@@ -911,16 +917,18 @@ class Quantizer:
                               "Q8_0")
                     first = {"tier": t, "cosine": cos, "rel_err": rel}
                     with self.timer("gptq"):
-                        res = quantize_layer(w[key], H, "q8_0", o.damp, prep)
-                        cos, rel = res.cosine, res.err
+                        res = quantize_layer(w[key], Hq, "q8_0", o.damp, prep)
+                        cos, rel = output_metrics(w[key], res.dequantize(), H)
                     rep.layers.setdefault("fallback", {})[key] = first
                 stored[key] = (res, {"cosine": cos, "rel_err": rel, "reason": reason})
                 qw[key] = res.dequantize()
                 rep.layers[key] = {"tier": res.tier, "err_plain": res.err_plain,
-                                   "err_gptq": res.err_gptq, "err": res.err, "cosine": cos}
-                self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} {res.tier:<6} rel. output "
-                         f"error: plain {res.err_plain:.4f}  gptq {res.err_gptq:.4f}  final "
-                         f"{res.err:.4f}  (cosine {cos:.4f})")
+                                   "err_gptq": res.err_gptq, "err": rel, "cosine": cos,
+                                   "ridge": ridge}
+                self.log(f"blk.{i} {HF_KEYS[key].split('.')[-2]:>9} {res.tier:<6} rel. "
+                         f"error (objective, ridge {ridge:.3g}): plain {res.err_plain:.4f}  gptq "
+                         f"{res.err_gptq:.4f}  final {res.err:.4f}; output {rel:.4f} (cosine "
+                         f"{cos:.4f})")
             if kept is not None:         # the stage's linear is final now
                 with self.timer("hessian"):
                     short = self.blocks.shortcut(i, qw, x, INPUT_OF[stage[0]], kept)
