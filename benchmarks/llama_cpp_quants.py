@@ -323,6 +323,7 @@ def measure(types: list[str], reference: Path, work: Path, args) -> tuple[list[d
         say(f"  {wall:.0f} s, peak RSS {peak:.0f} MiB, linear bpw {size['bpw_linear']:.3f}; "
             f"mix {size['mix']}; measuring ...")
         res = perplexity_kld(tools, out, work, args, t)
+        say(f"  {t}: PPL {res['ppl']:.4f}, mean KLD {res['kld']:.4f}, same top {res['same']:.1f}%")
         rows.append({"label": f"llama.cpp {t} + imatrix", "type": t, **size, **res,
                      "wall_s": imat["wall_s"] + wall,
                      "peak_rss_mib": max(peak, imat["peak_rss_mib"]),

@@ -105,8 +105,8 @@ def _ensure_reference(path: Path) -> Path:
 def quantize_row(source: Path, out_dir: Path, extra: list[str], args, log_path: Path) -> dict:
     """Runs the quantizer in a measured child; returns wall time, peak RSS and the bpw summary,
     also kept in <out_dir>.json; with --reuse, a row whose GGUF and record exist is not run."""
-    gguf = out_dir.with_suffix(".gguf")
-    record = out_dir.with_suffix(".json")
+    gguf = out_dir.parent / f"{out_dir.name}.gguf"     # not with_suffix: "bpw3.973" has a dot
+    record = out_dir.parent / f"{out_dir.name}.json"
     if args.reuse and gguf.is_file() and record.is_file():
         rec = json.loads(record.read_text(encoding="utf-8"))
         if rec.get("args") == extra and rec.get("calibration") == [args.max_samples, args.seq_len]:
@@ -250,6 +250,8 @@ def main(argv=None) -> int:
                                                kl_divergence=str(logits)), quiet, quiet)
         q.update(label=label, ppl=res.ppl, ratio=res.ppl / base.ppl,
                  kld=float(res.kl.kld.mean()), same=100.0 * float(res.kl.same_top.mean()))
+        say(f"  {label}: linear bpw {q['bpw_linear']:.3f}, PPL {q['ppl']:.4f} (ratio "
+            f"{q['ratio']:.4f}), mean KLD {q['kld']:.4f}, same top {q['same']:.1f}%")
         results.append(q)
         if not args.keep:
             os.unlink(q["gguf"])

@@ -115,7 +115,7 @@ def test_preset_27b_shape_and_reference_sizes():
 
 def test_target_bpw_reaches_the_average():
     d = describe_preset("27b", target_bpw=2.5)
-    assert 2.5 <= d.linear_bpw() < 2.55
+    assert 2.45 < d.linear_bpw() <= 2.5          # the budget is a ceiling
     with pytest.raises(BonsaiError, match="below"):
         describe_preset("27b", target_bpw=1.0)
 
@@ -211,4 +211,4 @@ def test_plan_from_config_matches_the_quantizer(hf_model, tmp_path, target):
         assert d.scheme == "PTQ1_0 default policy"
     else:
         assert _within(cpu["weights_bytes"], mm["weights_bytes"])
-        assert d.linear_bpw() >= target
+        assert d.linear_bpw() <= target + 1e-9

@@ -154,6 +154,6 @@ def test_target_bpw_with_the_fisher_gain_reaches_its_budget(model, calib, tmp_pa
                                          calib_file=str(f), target_bpw=3.0, target_gain="fisher",
                                          seq_len=32, max_samples=8, batch_size=4, progress=False),
                          log=logs.append)
-    assert 3.0 <= res["summary"]["bpw_linear"] < 4.5
+    assert 2.0 < res["summary"]["bpw_linear"] <= 3.0
     assert any("output Fisher on" in ln for ln in logs)
     assert any("predicted loss increase of the plan" in ln for ln in logs)

@@ -14,10 +14,10 @@ otherwise a substring ("down_proj=ptq1_0", "layers.0.*=q8_0"). Overridden tensor
 neither the sensitivity threshold nor --target-bpw changes them.
 
 --target-bpw B (greedy, over the whole model): every unpinned linear layer starts at the ternary
-tier; while the linear-layer average is below B, the tensor and the higher tier among PTQ1_0 ->
-Q2_0 (g64) -> Q4_0 -> Q8_0 (any higher one, not only the next) that buy the largest drop of its
-estimated loss per extra bit are taken (a jump that would overshoot B gives way to the best
-one-tier step). The
+tier; while a promotion still fits under B (the linear-layer average never exceeds B), the tensor
+and the higher tier among PTQ1_0 -> Q2_0 (g64) -> Q4_0 -> Q8_0 (any higher one, not only the
+next) that buy the largest drop of its estimated loss per extra bit, among those that fit, are
+taken. The
 estimated loss of a tensor at a tier is weight x (relative layer-output error)^2, where
   - the relative error is that of the PLAIN per-group fit (exact ternary fit under the Hessian
     diagonal, or the Q4_0/Q8_0 rounding rule; gptq.plain_fit_errors), measured by the pipeline's
@@ -180,30 +180,31 @@ def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> di
 
     Each step takes the (tensor, higher tier) pair with the largest loss drop per extra bit,
     over every higher tier, not only the next one: a tensor whose Q2_0 barely helps but whose
-    Q4_0 does is promoted straight to Q4_0. When the best pair would overshoot the budget, the
-    step is the best one-tier promotion instead, so the budget is overshot by at most one tier
-    step of one tensor."""
+    Q4_0 does is promoted straight to Q4_0. The budget is a ceiling: only pairs that still fit
+    under it are candidates, and the promotion ends when none fits (so a file made at another
+    file's measured bpw is never larger than it)."""
     chain = PROMOTION[PROMOTION.index(ternary):]
     choice = {n: (it["pinned"] or ternary) for n, it in items.items()}
     total = sum(it["params"] for it in items.values())
     used = sum(items[n]["params"] * tier_bpw(t) for n, t in choice.items())
 
-    def moves(one_tier: bool):
+    budget = target * total + 1e-9 * total
+
+    def moves():
         for n, it in items.items():
             if it["pinned"]:
                 continue
             cur = chain.index(choice[n])
-            for up in chain[cur + 1:cur + 2] if one_tier else chain[cur + 1:]:
+            for up in chain[cur + 1:]:
                 cost = it["params"] * (tier_bpw(up) - tier_bpw(choice[n]))
-                gain = _loss(it, choice[n]) - _loss(it, up)
-                yield gain / cost, cost, n, up
+                if used + cost <= budget:
+                    gain = _loss(it, choice[n]) - _loss(it, up)
+                    yield gain / cost, cost, n, up
 
-    while used < target * total - 1e-9 * total:
-        pick = max(moves(False), default=None, key=lambda m: m[0])
+    while True:
+        pick = max(moves(), default=None, key=lambda m: m[0])
         if pick is None:
             break
-        if used + pick[1] > target * total + 1e-9 * total:     # the jump would overshoot
-            pick = max(moves(True), key=lambda m: m[0])
         used += pick[1]
         choice[pick[2]] = pick[3]
     return choice
