@@ -320,7 +320,7 @@ def measure(types: list[str], reference: Path, work: Path, args) -> tuple[list[d
                                       out, t, args.threads], f"llama-quantize {t}",
                                      work / f"quantize-{t}.log", args.nice)
         size = gguf_summary(out)
-        say(f"  {wall:.0f} s, peak RSS {peak:.0f} MiB, linear bpw {size['bpw_linear']:.3f}; "
+        say(f"  {wall:.0f} s, peak RSS {peak:.0f} MiB, linear bpw {size['bpw_linear']:.5f}; "
             f"mix {size['mix']}; measuring ...")
         res = perplexity_kld(tools, out, work, args, t)
         say(f"  {t}: PPL {res['ppl']:.4f}, mean KLD {res['kld']:.4f}, same top {res['same']:.1f}%")

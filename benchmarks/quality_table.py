@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
             todo.append((r, *row_spec(r, args.recon_steps)))
             continue
         for lc in lc_rows:
-            b = round(lc["bpw_linear"], 3)
+            b = math.floor(lc["bpw_linear"] * 1e4) / 1e4    # never above llama.cpp's file
             todo.append((f"bpw{b:g}", f"PTQ1_0 --target-bpw {b:g} (at llama.cpp {lc['type']}'s)",
                          ["--target-bpw", f"{b:g}"]))
     results = []
