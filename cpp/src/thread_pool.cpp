@@ -14,7 +14,7 @@
 // does not wait for them, so a late worker only ever touches the task it holds.
 // Workers spin briefly on the generation, then sleep on a condition variable; the caller wakes
 // them only when some sleep. While waiting for claimed parts the caller spins, then yields
-// (kPauseIterations below).
+// (kPauseIterations, thread_pool.h).
 #include "bonsai/thread_pool.h"
 
 #include <atomic>
@@ -36,13 +36,12 @@
 namespace bonsai {
 
 namespace {
-// Waiting (a worker for the next job, the caller for claimed parts): kPauseIterations pause
+// Waiting (a worker for the next job, the caller for claimed parts): kPauseIterations (thread_pool.h) pause
 // instructions, then sched_yield() up to kSpinIterations in all, then (a worker) sleep. Yielding
 // early matters when the machine is shared: if the thread being waited for was put on the same
 // CPU, a spinning waiter would hold it off for the rest of its time slice; on an otherwise idle
 // CPU the yield returns at once.
-constexpr int kPauseIterations = 200;
-constexpr int kSpinIterations = 4000;
+constexpr int kSpinIterations = 4000;  // pauses + yields before a worker sleeps
 constexpr int kMaxThreads = 0x7FFF;  // parts (<= threads) are 15 bits of the claim word
 constexpr uint64_t kDetached = uint64_t{1} << 31;  // bit 15 of the parts field: a detached job
 thread_local bool t_inside_pool = false;

@@ -43,7 +43,6 @@ namespace {
 
 constexpr size_t kMaxChunkBytes = 1 << 20;         // guided chunks at most this big (bounds a takeover)
 constexpr int64_t kStealAfterNs = 20000;           // the shortest grace before a takeover
-constexpr int kPauseSpins = 200;                   // a caller waiting longer yields its CPU (see thread_pool.cpp)
 constexpr int kMaxTasks = 8;                       // recycled tasks per calling thread
 constexpr int64_t kMaxTiles = int64_t{1} << 24;    // tile indices fit the slot word
 
@@ -176,8 +175,8 @@ struct OneTokenTask final : PoolTask {
         const double ns_per_tile = my_tiles > 0 ? static_cast<double>(wait0 - t0) / static_cast<double>(my_tiles)
                                                 : bytes_per_tile / 2.0;  // no sample: assume 2 GB/s
         for (int spin = 0; done.load(std::memory_order_acquire) < total; ++spin) {
-            if (spin < kPauseSpins) BONSAI_SPIN_PAUSE();
-            if (spin % 64 != 0 && spin < kPauseSpins) continue;
+            if (spin < kPauseIterations) BONSAI_SPIN_PAUSE();
+            if (spin % 64 != 0 && spin < kPauseIterations) continue;
             const int64_t waited = now_ns() - wait0;
             for (int64_t t = 1; t < threads; ++t) {
                 uint64_t w = slots[t].word.load(std::memory_order_acquire);
@@ -192,7 +191,7 @@ struct OneTokenTask final : PoolTask {
                     g_takeovers.fetch_add(1, std::memory_order_relaxed);
                 }
             }
-            if (spin >= kPauseSpins) std::this_thread::yield();
+            if (spin >= kPauseIterations) std::this_thread::yield();
         }
     }
 

@@ -24,6 +24,10 @@
 
 namespace bonsai {
 
+// A thread waiting on another (a pool worker for the next job, a caller for claimed parts) issues
+// this many pause instructions, then yields its CPU (thread_pool.cpp says why).
+inline constexpr int kPauseIterations = 200;
+
 struct PoolTask {
     virtual ~PoolTask() = default;
     virtual void run(int thread_index) = 0;  // thread_index: 0 the caller, 1.. the workers

@@ -729,7 +729,7 @@ class Quantizer:
                     items[name] = {"params": w[key].numel(), "pinned": fixed, "err": err,
                                    "weight": energy if o.target_gain == "output" else 1.0}
                     if fisher and not fixed:
-                        row_errs[name] = rows
+                        row_errs[name] = (i, key, rows)
             del w, Hs
         bar.close()
         if fisher:
@@ -762,11 +762,9 @@ class Quantizer:
         """items[name]["loss"] = {tier: predicted loss increase} from the float model's
         output-channel Fisher (fisher.py) and the pre-pass's per-row plain-fit errors."""
         o, hp = self.opts, self.hp
-        keys = {}
-        for name in row_errs:
-            i = int(name.split(".")[2])
-            keys.setdefault(i, []).append(next(k for k, hf in HF_KEYS.items()
-                                               if name == f"model.layers.{i}.{hf}"))
+        keys: dict[int, list[str]] = {}         # block -> the linears whose Fisher is wanted
+        for i, key, _ in row_errs.values():
+            keys.setdefault(i, []).append(key)
         norm_w = torch.from_numpy(self.loader.read("model.norm.weight")).to(self.device)
         head = torch.from_numpy(self.loader.read("model.embed_tokens.weight" if hp.tied
                                                  else "lm_head.weight")).to(self.device)
@@ -780,9 +778,7 @@ class Quantizer:
         bar.close()
         del head
         n_tok = int(tokens.size)          # the Fisher sums over every position
-        for name, rows in row_errs.items():
-            i = int(name.split(".")[2])
-            key = next(k for k in keys[i] if name == f"model.layers.{i}.{HF_KEYS[k]}")
+        for name, (i, key, rows) in row_errs.items():
             f = F[(i, key)].to(self.device)
             step = -(-f.shape[0] // ESTIMATE_ROWS)
             items[name]["loss"] = {t: predicted_loss(r, f[::step], n_tok) for t, r in rows.items()}
