@@ -26,7 +26,8 @@ What it does (a script, not a test; it prints ratios and asserts nothing):
    --hadamard B adds a row PTQ1_0-H<B>: the same model converted with `bonsai convert --hadamard B`
    (prism.hadamard rotation folded in; the engine rotates every folded matmul's input), and a
    line with the rotation's share of decode time against the plain PTQ1_0 row.
-   --embed-type q8_0 gives every file a Q8_0 token embedding and output head (default F16).
+   --embed-type gives every file the same token embedding and output head type: q8_0 (default,
+   what `bonsai quantize` writes) or f16 (what `bonsai convert` writes unless told otherwise).
    --ik-llama SRC|clone adds a second peer, ik_llama.cpp's IQ2_BN (benchmarks/ik_llama_peer.py).
 
 --arch qwen35 times a Qwen3.5-shaped hybrid instead (benchmarks/qwen35_bench_model.py: hidden 2048,
@@ -416,9 +417,10 @@ def parse_args(argv):
                    help="both engines read the weights into memory instead of mapping the files "
                         "(ours: a buffer backed by transparent huge pages where the kernel allows)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-': stdout)")
-    p.add_argument("--embed-type", choices=("f16", "q8_0"), default=None,
+    p.add_argument("--embed-type", choices=("f16", "q8_0"), default="q8_0",
                    help="token_embd / output.weight type of every file, ours and llama.cpp's alike "
-                        "(bonsai convert --embed-type; default: the converter's F16)")
+                        "(bonsai convert --embed-type; default q8_0, what `bonsai quantize` writes; "
+                        "f16: the converter's default)")
     p.add_argument("--ik-llama", metavar="SRC|clone",
                    help="also time ik_llama.cpp (a second peer: IQ2_BN made by its llama-quantize from "
                         "an F16 file of the same model, timed by its llama-bench) from the source tree "

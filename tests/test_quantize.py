@@ -213,7 +213,8 @@ def test_end_to_end_dir_and_gguf_with_fallback_table(models, calib_file, tmp_pat
     d = _read_dir(out)
     q = d.quant_config
     assert q["summary"]["tensors_by_type"]["ptq1_0"] == 12
-    assert q["summary"]["tensors_by_type"]["q8_0"] == 2
+    # the two down_proj, plus the token embedding and the output head (default --embed-type q8_0)
+    assert q["summary"]["tensors_by_type"]["q8_0"] == 4
     rows = {r["tensor"]: r for r in q["tensors"]}
     qp = rows["model.layers.0.self_attn.q_proj.weight"]
     assert qp["dtype"] == "ptq1_0" and 0.5 < qp["cosine"] <= 1 and qp["loss_delta"] is not None
@@ -230,6 +231,7 @@ def test_end_to_end_dir_and_gguf_with_fallback_table(models, calib_file, tmp_pat
     rb = read_gguf(gg)
     assert rb.types["blk.0.attn_v.weight"] == "PTQ1_0"
     assert rb.types["blk.0.ffn_down.weight"] == "Q8_0"
+    assert rb.types["token_embd.weight"] == rb.types["output.weight"] == "Q8_0"
     np.testing.assert_array_equal(rb.values("blk.1.attn_v.weight"),
                                   d.read_float32("model.layers.1.self_attn.v_proj.weight"))
     table = json.loads(rb.metadata["bonsai.fallback_table"])

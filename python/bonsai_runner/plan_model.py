@@ -13,7 +13,7 @@ not loaded and not counted.
 
 Schemes for a config.json (no weights are read; sizes follow from shapes and type geometry):
   policy        the quantizer's default (quantize/policy.py): ternary PTQ1_0 q/k/v/o/gate/up,
-                Q8_0 down_proj, F16 embedding and head, F32 1-D tensors — before any sensitivity
+                Q8_0 down_proj, Q8_0 embedding and head, F32 1-D tensors — before any sensitivity
                 fallback, which promotes more tensors to Q8_0.
   outtype T     the converter's rules (convert/outtypes.py), including its F16 fallback for rows
                 that do not split into T's blocks.

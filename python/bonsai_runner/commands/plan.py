@@ -14,14 +14,14 @@ examples:
   bonsai plan ./Llama-3.1-8B --target-bpw 2.5 --ctx-size 32768 --cache-type-k q8_0 --json
   bonsai plan --preset 27b --n-gpu-layers 99 --memory 24GiB --bandwidth 1008GB/s --ctx-size 16384
 
-worked example - the 27B (default policy: 11.9 GiB of weights, 3.68 bpw over the linear layers)
+worked example - the 27B (default policy: 11.6 GiB of weights, 3.68 bpw over the linear layers)
 on a 24 GB, 1008 GB/s card, all layers on the GPU (GPU total, largest context, decode ceiling):
   $ bonsai plan --preset 27b -ngl 99 --memory 24GB --bandwidth 1008GB/s -c 16384 -ctk f16 -ctv f16
      KV    ctx    KV cache    GPU total   largest ctx   ceiling
-     f16   8192    1.88 GiB   14.15 GiB      44002      69.5 t/s
-     f16   16384   3.75 GiB   16.03 GiB      44002      61.1 t/s
-     q8_0  8192    1.00 GiB   13.28 GiB      82825      74.4 t/s
-     q8_0  16384   1.99 GiB   14.27 GiB      82825      68.9 t/s
+     f16   8192    1.88 GiB   14.01 GiB      44627      70.3 t/s
+     f16   16384   3.75 GiB   15.89 GiB      44627      61.6 t/s
+     q8_0  8192    1.00 GiB   13.13 GiB      84001      75.2 t/s
+     q8_0  16384   1.99 GiB   14.13 GiB      84001      69.7 t/s
   all-ternary (--outtype ptq1_0, 6.0 GiB) at 16K f16: 10.10 GiB, ceiling 99.4 t/s;
   the CUDA backend keeps no attention-score buffer (online softmax). Full output: docs/plan.md.
 """

@@ -79,7 +79,7 @@ class QuantizeOptions:
     seq_len: int = 512
     seed: int = 0
     policy: str | None = None
-    embed_type: str = "f16"
+    embed_type: str = "q8_0"
     damp: float = 0.01
     ridge: float | None = None             # layer-objective ridge (gptq.with_ridge); None: auto
     method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)

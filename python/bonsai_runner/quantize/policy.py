@@ -4,7 +4,7 @@ Default scheme (SPEC section 5):
     q/k/v/o, gate/up projections      ternary: PTQ1_0 (g128), or Q2_0 (g64) with --group-size 64
       (Qwen3.5 GDN: in_proj_qkv, in_proj_z, out_proj too)
     down_proj                         Q8_0
-    token embedding, output head      F16 (--embed-type q8_0: Q8_0)
+    token embedding, output head      Q8_0 (--embed-type f16: F16)
     other 2-D weights                 F16 (Qwen3.5 GDN in_proj_a / in_proj_b: the gate inputs,
                                       n_v_heads rows each, too small to be worth quantizing)
     norms, biases, other 1-D tensors  F32 (and Qwen3.5's conv1d taps [conv_dim, 1, kernel])
@@ -121,7 +121,7 @@ def _matches(pattern: str, name: str) -> bool:
 @dataclass
 class Policy:
     group_size: int = 128
-    embed_type: str = "f16"
+    embed_type: str = "q8_0"
     rules: tuple = ()
 
     def __post_init__(self):
