@@ -79,7 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed (sequence choice, refinement)")
     p.add_argument("--policy", default=None, help="per-pattern types: \"pattern=type,...\" or a "
                    "JSON file {pattern: type}; types ptq1_0 q2_0 q4_0 q8_0 f16 f32 bf16")
-    p.add_argument("--embed-type", choices=("f16", "q8_0"), default="q8_0",
+    from ..quantize.policy import DEFAULT_EMBED_TYPE, EMBED_TYPES
+
+    p.add_argument("--embed-type", choices=EMBED_TYPES, default=DEFAULT_EMBED_TYPE,
                    help="type of the token embedding and output head (default q8_0: half the "
                         "bytes of f16, the largest read of a decoded token; on Qwen2.5-Coder-0.5B "
                         "at --target-bpw 3.973 it moved the PPL ratio 1.1464 -> 1.1475 and "

@@ -54,8 +54,8 @@ from .gptq import (ESTIMATE_ROWS, LayerResult, dequantize, grid, plain_fit_row_e
                    reference_codes, with_ridge)
 from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, SHORTCUT_INPUTS, STAGES,
                         HfLayers, resolve_device, resolve_forward_dtype)
-from .policy import (PROMOTION, QUANT_TIERS, Policy, check_target, parse_policy,
-                     promote_to_target)
+from .policy import (DEFAULT_EMBED_TYPE, PROMOTION, QUANT_TIERS, Policy, check_target,
+                     parse_policy, promote_to_target)
 from .sensitivity import HeldOut, held_out_split, output_metrics
 
 METHODS = ("gptq", "rtn")
@@ -79,7 +79,7 @@ class QuantizeOptions:
     seq_len: int = 512
     seed: int = 0
     policy: str | None = None
-    embed_type: str = "q8_0"
+    embed_type: str = DEFAULT_EMBED_TYPE
     damp: float = 0.01
     ridge: float | None = None             # layer-objective ridge (gptq.with_ridge); None: auto
     method: str = "gptq"                   # "gptq" (calibrated) or "rtn" (no data, baseline)

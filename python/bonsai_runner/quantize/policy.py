@@ -61,6 +61,8 @@ from ..ggml_types import type_info
 QUANT_TIERS = ("ptq1_0", "q2_0", "q4_0", "q8_0")
 PLAIN_TYPES = ("f16", "f32", "bf16")
 PROMOTION = ("ptq1_0", "q2_0", "q4_0", "q8_0")
+EMBED_TYPES = ("f16", "q8_0")      # --embed-type: the token embedding and output head
+DEFAULT_EMBED_TYPE = "q8_0"        # nearly free on a quantized model (README: "Output head at Q8_0")
 TERNARY_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                    "in_proj_qkv", "in_proj_z", "out_proj")
 
@@ -121,13 +123,13 @@ def _matches(pattern: str, name: str) -> bool:
 @dataclass
 class Policy:
     group_size: int = 128
-    embed_type: str = "q8_0"
+    embed_type: str = DEFAULT_EMBED_TYPE
     rules: tuple = ()
 
     def __post_init__(self):
         self.ternary = ternary_tier(self.group_size)
-        if self.embed_type not in ("f16", "q8_0"):
-            raise BonsaiError(f"--embed-type {self.embed_type}: use f16 or q8_0")
+        if self.embed_type not in EMBED_TYPES:
+            raise BonsaiError(f"--embed-type {self.embed_type}: use {' or '.join(EMBED_TYPES)}")
 
     def default_type(self, name: str, ndim: int) -> str:
         if ndim != 2:
