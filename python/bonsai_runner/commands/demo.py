@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "with --tiny, off for the real model, where it doubles the quantization time)")
     p.add_argument("--target-bpw", type=float, default=None,
                    help="bits per linear weight for the quantizer's --target-bpw (default 4.0 for "
-                   "the real model: PPL ratio 1.17 in the demo's own run, 4.5 gave 1.03; "
+                   "the real model: PPL ratio 1.16 in the demo's own run, 4.5 gave 1.03; "
                    "--tiny: the default policy)")
     p.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: all)")
 
