@@ -89,13 +89,15 @@ def snippet_embeddings(Llama, path):
 
 
 def snippet_save_and_load_state(Llama, path):
-    llm = Llama(model_path=path, n_ctx=256, verbose=False)
+    # logits_all: without it llama-cpp-python 0.3 leaves `scores` unwritten (uninitialised memory)
+    llm = Llama(model_path=path, n_ctx=256, logits_all=True, verbose=False)
     prompt = llm.tokenize(b"Once upon a time")
     llm.eval(prompt)
     state = llm.save_state()
     next_token = llm.tokenize(b" there", add_bos=False)[0]
     llm.eval([next_token])
     before = np.array(llm.scores[llm.n_tokens - 1])
+    assert np.isfinite(before).all() and np.ptp(before) > 0
     llm.eval(llm.tokenize(b" was a story", add_bos=False))
     llm.load_state(state)
     assert llm.n_tokens == len(prompt)
