@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bonsai_runner.errors import BonsaiError
+from bonsai_runner.quantize.gptq import SCALE_STEPS_LONG, SCALE_STEPS_SHORT
 
 FP16_MAX = 65504.0
 
@@ -87,17 +88,34 @@ class Grid:
 
     @property
     def ternary(self) -> bool:
-        return self.qmax == 1
+        return self.qmin == -1 and self.qmax == 1
 
-    def group_scale(self, wg: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """Scales [rows] (float16-exact, >= 0 except Q4_0's signed rule) for group weights [rows, G]."""
+    def group_scale(self, wg: np.ndarray, h: np.ndarray | None) -> np.ndarray:
+        """Scales [rows] (float16-exact) for group weights [rows, G]: the exact ternary fit, Q8_0's
+        max rule, Q4_0's reference rule without h, else the best candidate scale."""
         if self.ternary:
             return fit_ternary_groups(wg, h)[1]
         if self.name == "q8_0":
             return to_fp16(np.abs(wg).max(axis=1) / 127.0)
         idx = np.argmax(np.abs(wg), axis=1)
         signed_max = wg[np.arange(wg.shape[0]), idx]
-        return to_fp16(signed_max / -8.0)
+        if h is None and self.name == "q4_0":
+            return to_fp16(signed_max / -8.0)
+        # candidates: the largest magnitude at f x qmin or f x qmax; the first best one wins
+        best_s = np.zeros(wg.shape[0])
+        best_e = np.full(wg.shape[0], np.inf)
+        hh = np.ones(wg.shape[1]) if h is None else np.asarray(h, np.float64)
+        ends = [f * self.qmin for f in SCALE_STEPS_LONG] + [f * self.qmax for f in SCALE_STEPS_SHORT]
+        for end in ends:
+            s = to_fp16(signed_max / end)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                q = np.where(s[:, None] != 0, np.rint(wg / np.where(s != 0, s, 1.0)[:, None]), 0.0)
+            q = np.clip(q, self.qmin, self.qmax)
+            e = (hh * (wg - s[:, None] * q) ** 2).sum(1)
+            better = e < best_e
+            best_s = np.where(better, s, best_s)
+            best_e = np.where(better, e, best_e)
+        return best_s
 
     def round(self, w: np.ndarray, s: np.ndarray) -> np.ndarray:
         """Codes (int8) of values w for scales s (same shape, broadcast)."""
@@ -109,7 +127,8 @@ class Grid:
 
 
 GRIDS = {g.name: g for g in (Grid("ptq1_0", 128, -1, 1), Grid("q2_0", 64, -1, 1),
-                             Grid("q4_0", 32, -8, 7), Grid("q8_0", 32, -127, 127))}
+                             Grid("q2_0_4l", 64, -2, 1), Grid("q4_0", 32, -8, 7),
+                             Grid("q8_0", 32, -127, 127))}
 
 
 def grid(name: str) -> Grid:
@@ -153,10 +172,10 @@ def plain_fit(w: np.ndarray, H: np.ndarray, tier: str) -> tuple[np.ndarray, np.n
     """(codes, scales) of the plain per-group fit, no error feedback: the exact ternary fit under
     the Hessian diagonal for the ternary tiers, the type's own rounding rule for Q4_0 / Q8_0."""
     g = grid(tier)
+    h = np.maximum(np.diag(H), 0.0)
     if g.ternary:
-        
-        return fit_ternary_matrix(w, g.group, np.maximum(np.diag(H), 0.0))
-    return quantize_rtn(w, g)
+        return fit_ternary_matrix(w, g.group, h)
+    return quantize_rtn(w, g, h)
 
 
 def plain_fit_errors(w: np.ndarray, H: np.ndarray, tiers) -> tuple[dict[str, float], float]:
@@ -300,13 +319,17 @@ def reference_codes(w: np.ndarray, tier: str) -> tuple[np.ndarray, np.ndarray]:
     return codes.astype(np.int8), blk["d"].astype(np.float32)
 
 
-def quantize_rtn(w: np.ndarray, g: Grid) -> tuple[np.ndarray, np.ndarray]:
+def quantize_rtn(w: np.ndarray, g: Grid, h: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Plain per-group fit without error feedback (exact ternary fit / the type's rule)."""
     rows, cols = w.shape
     if cols % g.group:
         raise BonsaiError(f"{cols} input columns do not split into groups of {g.group}")
     wg = np.asarray(w, np.float64).reshape(rows, cols // g.group, g.group)
-    scales = np.stack([g.group_scale(wg[:, i], np.ones(g.group)) for i in range(wg.shape[1])], 1)
+    hg = (np.ones(cols) if g.ternary and h is None else h)
+    scales = np.stack([g.group_scale(wg[:, i], None if hg is None
+                                     else hg[i * g.group:(i + 1) * g.group])
+                       for i in range(wg.shape[1])], 1)
     codes = g.round(wg, scales[..., None].astype(np.float64))
     return codes.reshape(rows, cols), scales.astype(np.float32)
 

@@ -241,18 +241,32 @@ def test_end_to_end_dir_and_gguf_with_fallback_table(models, calib_file, tmp_pat
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_quantized_gguf_runs_in_llama_cpp(models, calib_file, tmp_path, arch):
-    """Group 64 gives mainline types only (Q2_0 ternary, Q8_0, F16): upstream llama.cpp runs the
-    quantizer's file, and its logits match a float64 numpy model of the stored weights."""
+    """Group 64 gives mainline types only (Q2_0 ternary, Q8_0, F16; up_proj at the four-level
+    Q2_0_4L, whose groups use Q2_0's code 3 = +2) and `--rotate none` a file without the
+    prism.hadamard activation rotation that mainline does not apply: upstream llama.cpp and this
+    engine run the quantizer's file, and their logits match a float64 numpy model of the stored
+    weights."""
     llama_cpp = pytest.importorskip("llama_cpp")
+    from gguf_readback import read_gguf
     from test_convert_llama_cpp import hf_forward
+
+    from bonsai_runner import Llama
 
     m = models[arch]
     out, gg = tmp_path / "ptq1", tmp_path / "m.gguf"
-    quantize_model(opts(m, out, calib_file, outfile=str(gg), group_size=64), log=quiet)
+    quantize_model(opts(m, out, calib_file, outfile=str(gg), group_size=64, rotate="none",
+                        policy="up_proj=q2_0_4l"), log=quiet)
     d = _read_dir(out)
     ref = dict(m)
     ref["tensors"] = {n: d.read_float32(n) for n in m["tensors"]}
     assert d.tier_of("model.layers.0.self_attn.q_proj.weight").name == "q2_0"
+    assert d.tier_of("model.layers.0.mlp.up_proj.weight").name == "q2_0_4l"
+    rb = read_gguf(gg)
+    assert rb.types["blk.0.ffn_up.weight"] == "Q2_0"
+    np.testing.assert_array_equal(rb.values("blk.0.ffn_up.weight"),
+                                  ref["tensors"]["model.layers.0.mlp.up_proj.weight"])
+    codes = np.unpackbits(rb.raw["blk.0.ffn_up.weight"].reshape(-1, 18)[:, 2:], bitorder="little")
+    assert (codes.reshape(-1, 2) == 1).all(1).any()      # code 3: the fourth level is in use
     ids = [5, 17, 42, 99, 3, 250, 7, 8, 120, 64]
     want = hf_forward(ref, ids)
     llm = llama_cpp.Llama(str(gg), n_ctx=64, logits_all=True, verbose=False, n_threads=2,
@@ -262,6 +276,10 @@ def test_quantized_gguf_runs_in_llama_cpp(models, calib_file, tmp_path, arch):
     del llm
     # llama.cpp multiplies Q2_0/Q8_0 weights with 8-bit activations: close, not equal
     np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max(), rtol=0)
+    with Llama(str(gg), n_ctx=64, logits_all=True, verbose=False, act_mode="float") as ours:
+        ours.eval(ids)
+        np.testing.assert_allclose(ours.scores[: len(ids)], want, atol=1e-3 * np.abs(want).max(),
+                                   rtol=0)
 
 
 def test_deterministic_for_a_seed(models, calib_file, tmp_path):
@@ -310,7 +328,7 @@ def test_target_bpw_promotes_greedily(models, calib_file, tmp_path):
     q = _read_dir(tmp_path / "o").quant_config
     lin = [r for r in q["tensors"] if ".layers." in r["tensor"] and len(r["shape"]) == 2]
     promoted = [r for r in lin if r["fallback_reason"] and "target-bpw" in r["fallback_reason"]]
-    assert promoted and all(r["dtype"] in ("q2_0", "q4_0", "q8_0") for r in promoted)
+    assert promoted and all(r["dtype"] in ("q2_0_4l", "q4_0", "q8_0") for r in promoted)
     assert any(r["dtype"] == "ptq1_0" for r in lin)       # not everything promoted
 
 
@@ -492,13 +510,13 @@ def test_cli_reports_one_clear_error(models, tmp_path):
 def test_promotion_is_greedy_by_error_drop_per_bit():
     from bonsai_runner.quantize.policy import promote_to_target
 
-    err = {"ptq1_0": 0.4, "q2_0": 0.38, "q4_0": 0.1, "q8_0": 0.01}
+    err = {"ptq1_0": 0.4, "q2_0_4l": 0.38, "q4_0": 0.1, "q8_0": 0.01}
     items = {
         "a": {"params": 1000, "pinned": None, "err": err},
-        "b": {"params": 1000, "pinned": None, "err": {**err, "q2_0": 0.2}},   # cheap big win
+        "b": {"params": 1000, "pinned": None, "err": {**err, "q2_0_4l": 0.2}},   # cheap big win
         "c": {"params": 1000, "pinned": "q8_0", "err": {}},
     }
     # average starts at (1.75 + 1.75 + 8.5) / 3 = 4.0; one step to Q2_0 reaches 4.1667, a second
     # one 4.33 would exceed the budget (a ceiling), as would any Q4_0
-    assert promote_to_target(4.2, items, "ptq1_0") == {"a": "ptq1_0", "b": "q2_0", "c": "q8_0"}
+    assert promote_to_target(4.2, items, "ptq1_0") == {"a": "ptq1_0", "b": "q2_0_4l", "c": "q8_0"}
     assert promote_to_target(4.1, items, "ptq1_0") == {"a": "ptq1_0", "b": "ptq1_0", "c": "q8_0"}

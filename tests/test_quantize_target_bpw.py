@@ -21,7 +21,7 @@ from bonsai_runner.quantize.hf_layers import INPUT_OF, STAGES, HfLayers
 from bonsai_runner.quantize.calibration import Tokenizer, load_calibration
 from bonsai_runner.quantize.gptq import plain_fit_errors, quantize_layer
 from bonsai_runner.quantize.pipeline import BlockLoader, BlockRunner
-from bonsai_runner.quantize.policy import PROMOTION, promote_to_target, tier_bpw
+from bonsai_runner.quantize.policy import promote_to_target, promotion_chain, tier_bpw
 
 SMALL = dict(hidden=128, ffn=256, n_layer=2, n_head=4, n_head_kv=2)
 FAST = dict(seq_len=32, max_samples=8, batch_size=4, progress=False)
@@ -39,7 +39,7 @@ def calib_file(tmp_path_factory):
 
 
 def _errs(p1, q2, q4, q8):
-    return {"ptq1_0": p1, "q2_0": q2, "q4_0": q4, "q8_0": q8}
+    return {"ptq1_0": p1, "q2_0_4l": q2, "q4_0": q4, "q8_0": q8}
 
 
 def _avg(choice, items):
@@ -57,12 +57,12 @@ def test_promotion_reaches_the_budget_in_gain_order_and_keeps_pinned():
         "pin": {"params": 1000, "pinned": "ptq1_0", "err": {}},
     }
     start = _avg({k: "ptq1_0" for k in items}, items)
-    step = (tier_bpw("q2_0") - tier_bpw("ptq1_0")) / 4          # one tensor one tier, averaged
+    step = (tier_bpw("q2_0_4l") - tier_bpw("ptq1_0")) / 4          # one tensor one tier, averaged
     # the budget is a ceiling: half a step buys nothing
     assert set(promote_to_target(start + 0.5 * step, items, "ptq1_0").values()) == {"ptq1_0"}
     # one promotion: the largest error drop per bit that fits is big_win's PTQ1_0 -> Q2_0
     one = promote_to_target(start + 1.5 * step, items, "ptq1_0")
-    assert one == {"flat": "ptq1_0", "big_win": "q2_0", "mid": "ptq1_0", "pin": "ptq1_0"}
+    assert one == {"flat": "ptq1_0", "big_win": "q2_0_4l", "mid": "ptq1_0", "pin": "ptq1_0"}
     # a higher budget is filled up to less than one tier step, never exceeded; the pinned tensor
     # stays
     for target in (3.0, 4.0, 6.0):
@@ -73,9 +73,9 @@ def test_promotion_reaches_the_budget_in_gain_order_and_keeps_pinned():
     # the flat tensor is promoted last: not while the others' promotions fit, and at 3.0 only
     # to Q2_0, with the bits left over that no other promotion fits in
     c = promote_to_target(start + 2 * step, items, "ptq1_0")
-    assert c == {"flat": "ptq1_0", "big_win": "q2_0", "mid": "q2_0", "pin": "ptq1_0"}
+    assert c == {"flat": "ptq1_0", "big_win": "q2_0_4l", "mid": "q2_0_4l", "pin": "ptq1_0"}
     c = promote_to_target(3.0, items, "ptq1_0")
-    assert c["big_win"] != "ptq1_0" and c["mid"] != "ptq1_0" and c["flat"] in ("ptq1_0", "q2_0")
+    assert c["big_win"] != "ptq1_0" and c["mid"] != "ptq1_0" and c["flat"] in ("ptq1_0", "q2_0_4l")
 
 
 def test_promotion_jumps_straight_to_the_tier_with_the_best_gain_per_bit():
@@ -102,11 +102,11 @@ def test_promotion_gain_is_weighted_by_output_energy():
         "quiet": {"params": 1000, "pinned": None, "err": _errs(0.6, 0.2, 0.1, 0.01),
                   "weight": 1.0},
     }
-    target = _avg({"loud": "q2_0", "quiet": "ptq1_0"}, items) + 1e-6   # one Q2_0 fits
-    assert promote_to_target(target, items, "ptq1_0")["loud"] == "q2_0"
+    target = _avg({"loud": "q2_0_4l", "quiet": "ptq1_0"}, items) + 1e-6   # one Q2_0 fits
+    assert promote_to_target(target, items, "ptq1_0")["loud"] == "q2_0_4l"
     for it in items.values():
         it["weight"] = 1.0
-    assert promote_to_target(target, items, "ptq1_0")["quiet"] == "q2_0"
+    assert promote_to_target(target, items, "ptq1_0")["quiet"] == "q2_0_4l"
 
 
 # ----- the cheap estimate -----
@@ -139,15 +139,15 @@ def test_plain_fit_estimate_is_the_full_quantizers_plain_error(model, calib_file
     x, w, run = _block_and_hessians(model, calib_file)
     for key in ("q", "o", "down"):
         H = run.hessian(0, w, x, INPUT_OF[key])
-        est, energy = plain_fit_errors(w[key], H, PROMOTION)
+        est, energy = plain_fit_errors(w[key], H, promotion_chain("ptq1_0"))
         w64, H64 = w[key].double(), H.double()
         # float32 products against the float64 trace
         assert energy == pytest.approx(float(torch.trace(w64 @ H64 @ w64.T)), rel=1e-5)
-        for t in PROMOTION:
+        for t in promotion_chain("ptq1_0"):
             full = quantize_layer(w[key], H, t)
             assert est[t] == pytest.approx(full.err_plain, rel=1e-9)
             assert full.err <= est[t] + 1e-12
-        assert est["ptq1_0"] > est["q4_0"] > est["q8_0"]
+        assert est["ptq1_0"] > est["q2_0_4l"] > est["q4_0"] > est["q8_0"]
 
 
 # ----- the pipeline -----

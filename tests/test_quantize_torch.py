@@ -24,7 +24,7 @@ from bonsai_runner.quantize.hf_layers import (HfLayers, linear_inputs, resolve_d
                                               resolve_forward_dtype)
 from bonsai_runner.quantize.ternary_fit import fit_ternary_groups
 
-TIERS = ("ptq1_0", "q2_0", "q4_0", "q8_0")
+TIERS = ("ptq1_0", "q2_0", "q2_0_4l", "q4_0", "q8_0")
 
 
 def _layer_problem(seed=0, rows=96, cols=256, n=1024):
@@ -62,7 +62,7 @@ def test_gptq_and_refit_match_the_numpy_oracle(tier):
     assert (f32.codes.numpy() == want.codes).mean() > 0.99
 
 
-@pytest.mark.parametrize("tier", ["ptq1_0", "q4_0"])
+@pytest.mark.parametrize("tier", ["ptq1_0", "q2_0_4l", "q4_0"])
 def test_coordinate_descent_reaches_a_coordinate_wise_optimum(tier):
     """Every sweep keeps or lowers tr(E H E^T); once it stops moving, no single code of any row
     can be changed to another grid value for a lower error (checked by brute force), and the
@@ -90,7 +90,7 @@ def test_coordinate_descent_reaches_a_coordinate_wise_optimum(tier):
             E2[:, c] = v * S[:, c] - W[:, c]
             f2 = torch.einsum("rc,cd,rd->r", E2, Ht, E2)
             assert bool((f2 >= f - 1e-9 * f.abs()).all()), (c, v)
-    if g.ternary:
+    if g.coarse:
         assert quantize_layer(W, Ht, tier).err < base.err
 
 

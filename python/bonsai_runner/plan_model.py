@@ -17,7 +17,7 @@ Schemes for a config.json (no weights are read; sizes follow from shapes and typ
                 fallback, which promotes more tensors to Q8_0.
   outtype T     the converter's rules (convert/outtypes.py), including its F16 fallback for rows
                 that do not split into T's blocks.
-  target-bpw B  the quantizer's greedy promotion through PTQ1_0 -> Q2_0 -> Q4_0 -> Q8_0 until the
+  target-bpw B  the quantizer's greedy promotion through PTQ1_0 -> Q2_0_4L -> Q4_0 -> Q8_0 until the
                 linear-layer average reaches B; the quantizer ranks tensors by measured error, the
                 planner by a proxy (error ~ 2^-bpw), so the chosen tensors may differ but the total
                 is the same up to one promotion step of one tensor.
@@ -289,7 +289,8 @@ def _types_outtype(specs, outtype: str, float_default: str) -> dict[str, str]:
 
 
 def _types_policy(specs, target_bpw: float | None) -> dict[str, str]:
-    from .quantize.policy import Policy, check_target, promote_to_target, tier_bpw
+    from .quantize.policy import (Policy, check_target, promote_to_target, promotion_chain, tier_bpw,
+                                  tier_file_type)
 
     from .convert.arch.base import F32_ROLES
 
@@ -300,10 +301,10 @@ def _types_policy(specs, target_bpw: float | None) -> dict[str, str]:
         lin = [s for s in specs if s.role == "linear"]
         check_target(target_bpw, [(s.hf_name, _numel(s.shape), None) for s in lin], pol.ternary)
         items = {s.hf_name: {"params": _numel(s.shape), "pinned": None,
-                             "err": {t: 2.0 ** -tier_bpw(t) for t in ("ptq1_0", "q2_0", "q4_0",
-                                                                       "q8_0")}}
+                             "err": {t: 2.0 ** -tier_bpw(t) for t in promotion_chain(pol.ternary)}}
                  for s in lin}
         out.update(promote_to_target(target_bpw, items, pol.ternary))
+    out = {name: tier_file_type(t) for name, t in out.items()}
     for s in specs:
         t = out[s.hf_name]
         if len(s.shape) == 2 and s.shape[-1] % type_info(t).block_size:

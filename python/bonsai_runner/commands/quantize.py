@@ -63,8 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=0.98,
                    help="cosine similarity under which a tensor falls back to Q8_0")
     p.add_argument("--target-bpw", type=float, default=None,
-                   help="promote tensors PTQ1_0 -> Q2_0 -> Q4_0 -> Q8_0 until the linear layers "
-                   "average this many bits per weight (scales included)")
+                   help="promote tensors PTQ1_0 -> Q2_0_4L (four-level Q2_0, 2.25 bpw) -> Q4_0 -> "
+                   "Q8_0 (straight to the tier with the best loss drop per bit) until the linear "
+                   "layers average this many bits per weight (scales included)")
     p.add_argument("--target-gain", choices=("fisher", "relative", "output"), default="fisher",
                    help="how --target-bpw ranks promotions (loss drop per extra bit): fisher (default) "
                    "= the predicted KL divergence from the float model (each layer's per-channel "

@@ -6,17 +6,19 @@ A quantized linear weight [out, in] is stored as integer codes q and float16 sca
     tier     num_bits  group  code range   GGUF type   bpw in GGUF
     ptq1_0   2         128    -1..1        PTQ1_0      1.75
     q2_0     2          64    -1..1        Q2_0        2.25
+    q2_0_4l  2          64    -2..1        Q2_0        2.25
     q4_0     4          32    -8..7        Q4_0        4.5
     q8_0     8          32    -128..127    Q8_0        8.5
 
 Packing follows compressed-tensors' "pack-quantized" format: codes are offset by 2^(num_bits-1)
 to unsigned, and 32 / num_bits of them fill one int32 word, the first code in the lowest bits
 (code k of a word at bits [k*num_bits, (k+1)*num_bits)); rows are packed independently. (For the
-2-bit tiers, offset codes are 1..3; 0, the value -2, is not a ternary value and is refused.)
+ternary tiers, offset codes are 1..3; 0, the value -2, is not a ternary value and is refused.)
 
 GGUF blocks are assembled from codes and scales directly, so every tier maps to its GGUF type
 with the very same scale and codes: Q8_0 = {f16 d, int8 q[32]}, Q4_0 = {f16 d, nibbles q+8 with
-element j low and j+16 high}. The ternary tiers go through the reference packer
+element j low and j+16 high}, Q2_0_4L = {f16 d = -s, 2-bit codes 1 - q} (Q2_0 decodes code k as
+(k - 1) d, so the four codes hold -1, 0, 1, 2 times d: q s exactly). The ternary tiers go through the reference packer
 (tensor_codec.encode_exact via ternary.pack_ternary), whose max-abs scale reproduces d x {-1,0,1}
 exactly and whose result is verified.
 """
@@ -48,6 +50,7 @@ class Tier:
 TIERS: dict[str, Tier] = {t.name: t for t in (
     Tier("ptq1_0", 2, 128, -1, 1, "ptq1_0"),
     Tier("q2_0", 2, 64, -1, 1, "q2_0"),
+    Tier("q2_0_4l", 2, 64, -2, 1, "q2_0"),    # four-level: written as code 1 - c, d = -s
     Tier("q4_0", 4, 32, -8, 7, "q4_0"),
     Tier("q8_0", 8, 32, -128, 127, "q8_0"),
 )}
@@ -132,6 +135,8 @@ class PackedTensor:
             return _blocks_q8_0(self.codes, self.scales)
         if t.name == "q4_0":
             return _blocks_q4_0(self.codes, self.scales)
+        if t.name == "q2_0_4l":
+            return _blocks_q2_0(self.codes, self.scales)
         return pack_ternary(self.dequantize(), t.gguf_type, name)
 
 
@@ -140,6 +145,17 @@ def _blocks_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
     blk = np.empty((rows, n // 32), dtype=[("d", "<u2"), ("qs", "i1", (32,))])
     blk["d"] = d.astype(np.float16).view(np.uint16)
     blk["qs"] = q.reshape(rows, n // 32, 32)
+    return blk.view(np.uint8).reshape(rows, -1)
+
+
+def _blocks_q2_0(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Q2_0 blocks of codes c in [-2, 1] with scales s: value c s = (code - 1) d for code = 1 - c
+    and d = -s (Q2_0 decodes its codes 0..3 as -1, 0, 1, 2 times d)."""
+    rows, n = q.shape
+    u = (1 - q.astype(np.int16)).astype(np.uint8).reshape(rows, n // 64, 16, 4)
+    blk = np.empty((rows, n // 64), dtype=[("d", "<u2"), ("qs", "u1", (16,))])
+    blk["d"] = (-s.astype(np.float32)).astype(np.float16).view(np.uint16)
+    blk["qs"] = u[..., 0] | (u[..., 1] << 2) | (u[..., 2] << 4) | (u[..., 3] << 6)
     return blk.view(np.uint8).reshape(rows, -1)
 
 

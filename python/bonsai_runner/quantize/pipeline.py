@@ -54,8 +54,8 @@ from .gptq import (ESTIMATE_ROWS, LayerResult, dequantize, grid, plain_fit_row_e
                    reference_codes, with_ridge)
 from .hf_layers import (CAPTURE_MODULE, HF_KEYS, INPUT_OF, LINEARS, SHORTCUT_INPUTS, STAGES,
                         HfLayers, resolve_device, resolve_forward_dtype)
-from .policy import (DEFAULT_EMBED_TYPE, PROMOTION, QUANT_TIERS, Policy, check_target,
-                     parse_policy, promote_to_target)
+from .policy import (DEFAULT_EMBED_TYPE, QUANT_TIERS, Policy, check_target,
+                     parse_policy, promote_to_target, promotion_chain)
 from .sensitivity import HeldOut, held_out_split, output_metrics
 
 METHODS = ("gptq", "rtn")
@@ -699,7 +699,7 @@ class Quantizer:
         or weighted by its float output energy (opts.target_gain); then one global greedy promotion
         (policy.promote_to_target). Returns hf name -> (tier, reason or None)."""
         o = self.opts
-        chain = PROMOTION[PROMOTION.index(self.policy.ternary):]
+        chain = promotion_chain(self.policy.ternary)
         embed = torch.from_numpy(self.loader.read("model.embed_tokens.weight"))
         x = embed[torch.from_numpy(calib.tokens.astype(np.int64))]
         del embed
@@ -860,7 +860,8 @@ class Quantizer:
                     continue
                 if o.method == "rtn":
                     codes, scales = (quantize_absmean(w[key], grid(t)) if grid(t).ternary
-                                     else reference_codes(w[key], t))
+                                     else reference_codes(w[key], t) if t in ("q4_0", "q8_0")
+                                     else quantize_rtn(w[key], grid(t)))
                     res = LayerResult(t, codes, scales, None, None, None)
                     reason = None if grid(t).ternary else (
                         "default policy: down_proj kept at Q8_0" if t == "q8_0" and not pinned

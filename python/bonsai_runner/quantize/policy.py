@@ -15,12 +15,12 @@ neither the sensitivity threshold nor --target-bpw changes them.
 
 --target-bpw B (greedy, over the whole model): every unpinned linear layer starts at the ternary
 tier; while a promotion still fits under B (the linear-layer average never exceeds B), the tensor
-and the higher tier among PTQ1_0 -> Q2_0 (g64) -> Q4_0 -> Q8_0 (any higher one, not only the
-next) that buy the largest drop of its estimated loss per extra bit, among those that fit, are
-taken. The
+and the higher tier among PTQ1_0 -> Q2_0_4L (four-level Q2_0, 2.25 bpw) -> Q4_0 -> Q8_0 (any
+higher one, not only the next) that buy the largest drop of its estimated loss per extra bit,
+among those that fit, are taken (from the --group-size 64 ternary Q2_0: Q4_0, Q8_0). The
 estimated loss of a tensor at a tier is weight x (relative layer-output error)^2, where
   - the relative error is that of the PLAIN per-group fit (exact ternary fit under the Hessian
-    diagonal, or the Q4_0/Q8_0 rounding rule; gptq.plain_fit_errors), measured by the pipeline's
+    diagonal, or the other tiers' scale rule; gptq.plain_fit_errors), measured by the pipeline's
     pre-pass on the float model's calibration inputs, one block at a time. It is not the error
     GPTQ will reach: GPTQ + refit at every tier of every layer would cost four times the
     quantization itself (a down_proj alone ~30 s per tier on 2 cores), and GPTQ lowers a layer's
@@ -55,20 +55,34 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..convert.ptq1_pack import TIERS
 from ..errors import BonsaiError
 from ..ggml_types import type_info
 
-QUANT_TIERS = ("ptq1_0", "q2_0", "q4_0", "q8_0")
+QUANT_TIERS = ("ptq1_0", "q2_0", "q2_0_4l", "q4_0", "q8_0")
 PLAIN_TYPES = ("f16", "f32", "bf16")
-PROMOTION = ("ptq1_0", "q2_0", "q4_0", "q8_0")
+# --target-bpw's tiers above the ternary one, by bits per weight. The ternary Q2_0 (group 64) is
+# not among them: the four-level fit in the same Q2_0 blocks costs the same bits and its error is
+# 15-17% lower (gptq.py's measurements), so it would never be the better buy.
+PROMOTION = ("q2_0_4l", "q4_0", "q8_0")
 EMBED_TYPES = ("f16", "q8_0")      # --embed-type: the token embedding and output head
 DEFAULT_EMBED_TYPE = "q8_0"        # nearly free on a quantized model (README: "Output head at Q8_0")
 TERNARY_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                    "in_proj_qkv", "in_proj_z", "out_proj")
 
 
+def tier_file_type(t: str) -> str:
+    """The file type a tier or plain type is stored as (Q2_0_4L: Q2_0)."""
+    return TIERS[t].gguf_type if t in TIERS else t
+
+
 def tier_bpw(t: str) -> float:
-    return type_info(t).bpw
+    return type_info(tier_file_type(t)).bpw
+
+
+def promotion_chain(ternary: str) -> tuple[str, ...]:
+    """The ternary tier, then the --target-bpw tiers that cost more bits than it."""
+    return (ternary,) + tuple(t for t in PROMOTION if tier_bpw(t) > tier_bpw(ternary))
 
 
 def ternary_tier(group_size: int) -> str:
@@ -181,11 +195,11 @@ def promote_to_target(target: float, items: dict[str, dict], ternary: str) -> di
     {tier: predicted loss increase}, which replaces weight x err^2}; returns name -> tier.
 
     Each step takes the (tensor, higher tier) pair with the largest loss drop per extra bit,
-    over every higher tier, not only the next one: a tensor whose Q2_0 barely helps but whose
+    over every higher tier, not only the next one: a tensor whose Q2_0_4L barely helps but whose
     Q4_0 does is promoted straight to Q4_0. The budget is a ceiling: only pairs that still fit
     under it are candidates, and the promotion ends when none fits (so a file made at another
     file's measured bpw is never larger than it)."""
-    chain = PROMOTION[PROMOTION.index(ternary):]
+    chain = promotion_chain(ternary)
     choice = {n: (it["pinned"] or ternary) for n, it in items.items()}
     total = sum(it["params"] for it in items.values())
     used = sum(items[n]["params"] * tier_bpw(t) for n, t in choice.items())
