@@ -393,7 +393,9 @@ def _convert_fails(capsys, *argv):
 def test_convert_hadamard_then_retype_keeps_the_rotation(tmp_path, capsys):
     src = _source(tmp_path, "llama", "F32", False)
     rot = _convert(src, tmp_path / "rot.gguf", "--hadamard", "64", "--outtype", "f16")
+    capsys.readouterr()
     q = _convert(rot, tmp_path / "rot-q8.gguf", "--outtype", "q8_0", "--allow-lossy")
+    assert "mainline llama.cpp ignores those keys" in capsys.readouterr().err
     meta_r, _ = _meta(rot)
     meta_q, types_q = _meta(q)
     assert {k: v for k, v in meta_q.items() if k.startswith("prism.")} == \

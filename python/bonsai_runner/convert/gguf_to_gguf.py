@@ -212,6 +212,10 @@ def convert_gguf(src: str | Path, outfile: str | Path, outtype: str, *, allow_lo
     if hadamard:
         log(f"folded the Hadamard rotation (block {hadamard}, seed {hadamard_seed}) into "
             f"{len(rotation_meta[5].value)} weights and token_embd")
+    if hadamard or source.meta("prism.hadamard.version") is not None:
+        log("note: the file is rotated (prism.hadamard): this engine and PrismML's fork apply the "
+            "matching activation rotation; mainline llama.cpp ignores those keys and would compute "
+            "another function (for mainline, quantize with `bonsai quantize --rotate none`)")
     log(f"wrote {out} ({len(items)} tensors, {len(retyped)} re-typed; "
         f"{out.stat().st_size / 2**20:.1f} MiB)")
     return out
