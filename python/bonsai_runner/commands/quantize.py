@@ -78,9 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-samples", type=int, default=128, help="calibration sequences to use")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per calibration sequence")
     p.add_argument("--seed", type=int, default=0, help="seed (sequence choice, refinement)")
+    from ..quantize.policy import DEFAULT_EMBED_TYPE, EMBED_TYPES, PLAIN_TYPES, QUANT_TIERS
+
     p.add_argument("--policy", default=None, help="per-pattern types: \"pattern=type,...\" or a "
-                   "JSON file {pattern: type}; types ptq1_0 q2_0 q4_0 q8_0 f16 f32 bf16")
-    from ..quantize.policy import DEFAULT_EMBED_TYPE, EMBED_TYPES
+                   f"JSON file {{pattern: type}}; types {' '.join(QUANT_TIERS + PLAIN_TYPES)} "
+                   "(q2_0: ternary, group 64; q2_0_4l: the same Q2_0 blocks with four levels)")
 
     p.add_argument("--embed-type", choices=EMBED_TYPES, default=DEFAULT_EMBED_TYPE,
                    help="type of the token embedding and output head (default q8_0: half the "
