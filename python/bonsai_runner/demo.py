@@ -39,12 +39,11 @@ CHAT_PROMPT = "Write a Python function that returns the n-th Fibonacci number it
 
 TINY_THRESHOLD = 0.95   # random-weight layers reach cosines of ~0.93-0.98 at PTQ1_0
 # The real model's budget: bits per weight over the linear layers (--target-bpw), with the demo's
-# 12 x 256 calibration, the default Hadamard rotation, Fisher gain and ridge (bonsai compare, 8 x 512
-# evaluation tokens; benchmarks/quality_table.py, F16 heads): 3.735 -> PPL ratio 1.22, 3.972 -> 1.146
-# (1.1475 with the Q8_0 heads now written; llama.cpp's IQ2_M + imatrix of the same weights, 3.973
-# bpw: 1.146), 4.197 -> 1.10, 4.571 -> 1.02; the demo's
-# own run at 4.0 (4 x 512 tokens, Q8_0 heads): 1.16, same top 82%, 474 s in all. 4.0 passes the
-# gates with room.
+# 12 x 256 calibration, the default Hadamard rotation, Fisher gain and ridge, Q8_0 heads (bonsai
+# compare, 8 x 512 evaluation tokens; README's quality table): 3.735 -> PPL ratio 1.18, 3.973 ->
+# 1.118 (llama.cpp's IQ2_M + imatrix of the same weights, 3.973 bpw: 1.146), 4.197 -> 1.10,
+# 4.571 -> 1.03; the demo's own run at 4.0 (4 x 512 tokens): 1.13, same top 83%, 559 s in all.
+# 4.0 passes the gates with room.
 DEMO_TARGET_BPW = 4.0
 NEXT_BPW = 4.5          # what the FAIL advice proposes: 1.03 (Fisher gain, before the ridge)
 

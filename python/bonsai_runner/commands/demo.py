@@ -6,8 +6,8 @@ Without --tiny it uses the real test model (Qwen2.5-Coder-0.5B-Instruct, fetched
 into the cache, about 490 MB; the F16 reference, which the quantizer reads directly, takes
 1.27 GB more).
 The real model is quantized at --target-bpw 4.0 on the Hadamard-rotated model: PASS, PPL ratio
-1.16 and 82% of the reference's top tokens kept (4 x 512 evaluation tokens), 474 s in all on a
-2-core machine (quantization ~430 s), 5.95 bits per weight over the whole file. The quantizer reads the F16 GGUF one tensor at a time. --tiny runs the same pipeline on a
+1.13 and 83% of the reference's top tokens kept (4 x 512 evaluation tokens), 559 s in all on a
+2-core machine (quantization ~515 s), 5.95 bits per weight over the whole file. The quantizer reads the F16 GGUF one tensor at a time. --tiny runs the same pipeline on a
 random-weight model generated on the spot, in seconds, without network access.
 
 examples:
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "with --tiny, off for the real model, where it doubles the quantization time)")
     p.add_argument("--target-bpw", type=float, default=None,
                    help="bits per linear weight for the quantizer's --target-bpw (default 4.0 for "
-                   "the real model: PPL ratio 1.16 in the demo's own run, 4.5 gave 1.03; "
+                   "the real model: PPL ratio 1.13 in the demo's own run, 4.5 gave 1.03; "
                    "--tiny: the default policy)")
     p.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: all)")
 
