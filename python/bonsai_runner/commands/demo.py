@@ -7,8 +7,9 @@ into the cache, about 490 MB; the F16 reference, which the quantizer reads direc
 1.27 GB more).
 The real model is quantized at --target-bpw 4.0 on the Hadamard-rotated model: PASS, PPL ratio
 1.13 and 83% of the reference's top tokens kept (4 x 512 evaluation tokens), 559 s in all on a
-2-core machine (quantization ~515 s), 5.95 bits per weight over the whole file. The quantizer reads the F16 GGUF one tensor at a time. --tiny runs the same pipeline on a
-random-weight model generated on the spot, in seconds, without network access.
+2-core machine (quantization ~515 s), 5.95 bits per weight over the whole file. The quantizer
+reads the F16 GGUF one tensor at a time. --tiny runs the same pipeline on a random-weight model
+generated on the spot, in seconds, without network access.
 
 examples:
   bonsai demo --tiny

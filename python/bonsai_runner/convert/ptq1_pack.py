@@ -18,9 +18,9 @@ ternary tiers, offset codes are 1..3; 0, the value -2, is not a ternary value an
 GGUF blocks are assembled from codes and scales directly, so every tier maps to its GGUF type
 with the very same scale and codes: Q8_0 = {f16 d, int8 q[32]}, Q4_0 = {f16 d, nibbles q+8 with
 element j low and j+16 high}, Q2_0_4L = {f16 d = -s, 2-bit codes 1 - q} (Q2_0 decodes code k as
-(k - 1) d, so the four codes hold -1, 0, 1, 2 times d: q s exactly). The ternary tiers go through the reference packer
-(tensor_codec.encode_exact via ternary.pack_ternary), whose max-abs scale reproduces d x {-1,0,1}
-exactly and whose result is verified.
+(k - 1) d, so the four codes hold -1, 0, 1, 2 times d: q s exactly). The ternary tiers go through
+the reference packer (tensor_codec.encode_exact via ternary.pack_ternary), whose max-abs scale
+reproduces d x {-1,0,1} exactly and whose result is verified.
 """
 
 from __future__ import annotations

@@ -22,9 +22,8 @@ so a group holds {-1, 0, 1, 2} x d; the tier's codes are -2..1 with scale s, wri
 with d = -s), Q4_0 and Q8_0.
 
 On the coarse tiers (ternary and four-level), after the refit below, two sweeps of cyclic
-coordinate descent
-(coordinate_descent) revisit every code with all the others at their final values, and the
-scales are refitted once more.
+coordinate descent (coordinate_descent) revisit every code with all the others at their final
+values, and the scales are refitted once more.
 
 After the sweep, `refit_scales` re-solves every row's group scales with the codes fixed, by least
 squares against the layer output with the full (undamped) H:
@@ -572,7 +571,8 @@ def quantize_layer(w: torch.Tensor, H: torch.Tensor, tier: str, damp: float = 0.
                    prep: HessianPrep | None = None, cd_sweeps: int = CD_SWEEPS) -> LayerResult:
     """Plain fit (for the log), GPTQ sweep, least-squares scale refit, and on the coarse tiers
     (ternary, four-level Q2_0) `cd_sweeps` sweeps of coordinate descent on the codes followed by
-    another refit; keeps the best. `prep`: prepare_hessian(H, damp), when the caller shares it between layers.
+    another refit; keeps the best. `prep`: prepare_hessian(H, damp), when the caller shares it
+    between layers.
 
     Coordinate descent is for the coarse tiers only: measured on Qwen2.5-Coder-0.5B block 3
     (rotated, 12 x 256 calibration) two sweeps + refit lower the relative output error of
