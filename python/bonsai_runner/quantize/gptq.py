@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..convert.ptq1_pack import TIERS
 from ..errors import BonsaiError
 from .ternary_fit import fit_ternary_groups, fit_ternary_matrix, round_ternary, to_fp16
 
@@ -105,9 +106,10 @@ class Grid:
         return q.clamp(self.qmin, self.qmax).to(torch.int8)
 
 
-GRIDS = {g.name: g for g in (Grid("ptq1_0", 128, -1, 1), Grid("q2_0", 64, -1, 1),
-                             Grid("q2_0_4l", 64, -2, 1), Grid("q4_0", 32, -8, 7),
-                             Grid("q8_0", 32, -127, 127))}
+# One grid per tier of the packed format (ptq1_pack.TIERS: group and code range), except that
+# Q8_0 rounds symmetrically to [-127, 127] (its scale is the largest magnitude / 127, the
+# reference rule); its block admits -128, which the quantizer never writes.
+GRIDS = {t.name: Grid(t.name, t.group, -127 if t.name == "q8_0" else t.qmin, t.qmax) for t in TIERS.values()}
 
 # search_scale's candidates: the group's largest-magnitude value a goes to f x the code at the
 # grid's long end (qmin) or at its short end (qmax), s = a / (f x code). f < 1 leaves headroom,

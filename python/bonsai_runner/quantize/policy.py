@@ -59,7 +59,7 @@ from ..convert.ptq1_pack import TIERS
 from ..errors import BonsaiError
 from ..ggml_types import type_info
 
-QUANT_TIERS = ("ptq1_0", "q2_0", "q2_0_4l", "q4_0", "q8_0")
+QUANT_TIERS = tuple(TIERS)  # ptq1_0, q2_0, q2_0_4l, q4_0, q8_0: what the quantizer fits
 PLAIN_TYPES = ("f16", "f32", "bf16")
 # --target-bpw's tiers above the ternary one, by bits per weight. The ternary Q2_0 (group 64) is
 # not among them: the four-level fit in the same Q2_0 blocks costs the same bits and its error is
