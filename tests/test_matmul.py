@@ -122,6 +122,27 @@ def test_int8_paths_bit_identical_larger(name, n_tokens):
             assert np.array_equal(got, scalar), (path, threads)
 
 
+@pytest.mark.parametrize("name", QUANT)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 9])
+def test_one_token_few_rows_bit_identical(name, rows):
+    # The one-token tiles read 4 consecutive rows: a thread's short last tile is the full tile that
+    # ends at its last row, and a weight of fewer than 4 rows runs one row at a time. An odd block
+    # count per row puts a one-block unit at every row's end (the edge loads of PTQ1_0 and Q8_0).
+    rng = np.random.default_rng(zlib.crc32(f"few/{name}/{rows}".encode()))
+    be = TYPES[name][1]
+    cols = max(be, 64) * (3 if be < 256 else 1)
+    w = random_weight(name, rows, cols, rng)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    tid = TYPES[name][0]
+    scalar = _core.matmul(tid, w, cols, x, mode="int8", path="scalar")
+    want, scale = reference(name, w, cols, x, "int8")
+    assert (np.abs(scalar - want) / (scale + 1e-30)).max() < 1e-5
+    for path in PATHS:
+        for threads in (1, 2, 3, 4):
+            got = _core.matmul(tid, w, cols, x, mode="int8", threads=threads, path=path)
+            assert np.array_equal(got, scalar), (path, threads)
+
+
 @pytest.mark.parametrize("cols", [64, 1077, 2048])
 def test_f16_one_token_rows_independent_of_split(cols):
     # One token of F16 weights is dotted row by row (64-element steps, a masked tail): close to the

@@ -12,8 +12,11 @@
 // constants are live at a time.
 // 2-bit and 4-bit codes are shifts and masks; Q8_0 codes have their top bit flipped (w + 128).
 //
-// Tiles: one token computes 4 rows x 1 token, sharing the activation loads and prefetching the
-// rows of the following tiles (2 or more tokens use the GEMM of matmul_int8_gemm_impl.h). The four int32
+// Tiles: one token computes 4 consecutive rows x 1 token (one row pointer and the row stride, so the
+// loop keeps its addresses in registers), sharing the activation loads and prefetching the rows of
+// the following tiles (2 or more tokens use the GEMM of matmul_int8_gemm_impl.h). A thread's last,
+// partial tile is computed as the full tile that ends at its last row (recomputed rows are not
+// stored again). The four int32
 // accumulators of a group are reduced together (an unpack/add transpose) to one int32 per
 // (block, output), then acc = fma(d_b, isum_b - off * asum_b, acc) block after block, and
 // y = acc * s: exactly the scalar kernel's operations, so the results are bit-identical to it.
@@ -61,13 +64,19 @@ namespace {
 // before the unit puts block 0 at bytes 4..31 and block 1 at 32..59. The bytes around them (the
 // neighbouring units or rows, or a missing second block) meet zero activations; only bytes
 // outside the weight [lo, hi) are masked off (the first unit of its first row, the last unit of its
-// last row), so every other unit is one plain load.
+// last row): tiles that hold neither (kEdge false) make every load a plain one.
 struct KPtq1 {
     static constexpr int G = 2, C = 5, kOff = 1, kBytes = 28, kDOff = 26, kDWord = 15, kDWord1 = 29;
-    static constexpr bool kTrits = true, kWide = false;
+    static constexpr bool kTrits = true, kWide = false, kRaw = false;
+    // Whether a tile's loads may reach outside [lo, hi): its first row's first unit or its last
+    // row's last unit (a load ends up to 32 bytes past a row whose last unit holds one block).
+    static bool edge(const uint8_t* p0, int64_t rb, int64_t nu, const uint8_t* lo, const uint8_t* hi) {
+        return p0 - 4 < lo || p0 + 3 * rb + (nu - 1) * G * kBytes + 60 > hi;
+    }
+    template <bool kEdge>
     BONSAI_AVX512 static __m512i load(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
         const uint8_t* q = p - 4;
-        if (q >= lo && q + 64 <= hi) return _mm512_loadu_si512(q);
+        if (!kEdge || (q >= lo && q + 64 <= hi)) return _mm512_loadu_si512(q);
         uint64_t m = ~uint64_t{0};
         if (q < lo) m <<= lo - q;
         if (q + 64 > hi) m &= ~uint64_t{0} >> (q + 64 - hi);
@@ -78,7 +87,7 @@ struct KPtq1 {
 
 struct KTq1 {
     static constexpr int G = 1, C = 5, kOff = 1, kBytes = 54, kDOff = 52, kDWord = 26, kDWord1 = 26;
-    static constexpr bool kTrits = true, kWide = false;
+    static constexpr bool kTrits = true, kWide = false, kRaw = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool more) {
         if (more) return _mm512_loadu_si512(p);  // runs 10 bytes into the next block (zero activations)
         return join256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
@@ -89,7 +98,7 @@ struct KTq1 {
 
 struct KTq2 {
     static constexpr int G = 1, C = 4, kOff = 1, kBytes = 66, kDOff = 64, kDWord = -1;
-    static constexpr bool kTrits = false, kWide = false;
+    static constexpr bool kTrits = false, kWide = false, kRaw = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int, bool) { return _mm512_loadu_si512(p); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
@@ -97,20 +106,20 @@ struct KTq2 {
 // kWide: 18-byte blocks read by load4x18 (codes, and the raw vector holding the scales).
 struct KQ2g64 {
     static constexpr int G = 4, C = 4, kOff = 1, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kTrits = false, kWide = true;
+    static constexpr bool kTrits = false, kWide = true, kRaw = false;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ2g128 {
     static constexpr int G = 2, C = 4, kOff = 1, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kTrits = false, kWide = false;
+    static constexpr bool kTrits = false, kWide = false, kRaw = false;
     BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { fields2(src, c); }
 };
 
 struct KQ4 {
     static constexpr int G = 4, C = 2, kOff = 8, kBytes = 18, kDOff = 0, kDWord = -1;
-    static constexpr bool kTrits = false, kWide = true;
+    static constexpr bool kTrits = false, kWide = true, kRaw = false;
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) {
         const __m512i m4 = _mm512_set1_epi8(15);
         c[0] = _mm512_and_si512(src, m4);
@@ -120,10 +129,28 @@ struct KQ4 {
 
 // Q8_0 codes are signed: flipping the top bit gives w + 128 as an unsigned byte for vpdpbusd, and
 // the block's sum over 128 x a is taken off afterwards (kOff = 128: isum - 128 asum), exact in int32.
+// kRaw: the unit's 68 bytes are read as p[0, 64) (raw, which holds both scales: words 0 and 17) and
+// p[4, 68), and one byte permute gathers the codes of block 0 (bytes 2..33) and block 1 (36..67);
+// a unit with one block (the row's last, odd one) is read as its 34 bytes.
 struct KQ8 {
-    static constexpr int G = 2, C = 1, kOff = 128, kBytes = 34, kDOff = 0, kDWord = -1;
-    static constexpr bool kTrits = false, kWide = false;
-    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, bool) { return load2x32(p, 2, kBytes, nin); }
+    static constexpr int G = 2, C = 1, kOff = 128, kBytes = 34, kDOff = 0, kDWord = 0, kDWord1 = 17;
+    static constexpr bool kTrits = false, kWide = false, kRaw = true;
+    BONSAI_AVX512 static __m512i load(const uint8_t* p, int nin, __m512i& raw) {
+        alignas(64) static constexpr uint8_t kGather[64] = {
+            2,   3,   4,   5,   6,   7,   8,   9,   10,  11,  12,  13,  14,  15,  16,  17,
+            18,  19,  20,  21,  22,  23,  24,  25,  26,  27,  28,  29,  30,  31,  32,  33,
+            96,  97,  98,  99,  100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111,
+            112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127};
+        __m512i rest;
+        if (nin == 2) {
+            raw = _mm512_loadu_si512(p);
+            rest = _mm512_loadu_si512(p + 4);
+        } else {
+            raw = _mm512_maskz_loadu_epi8((uint64_t{1} << kBytes) - 1, p);
+            rest = _mm512_setzero_si512();
+        }
+        return _mm512_permutex2var_epi8(raw, _mm512_load_si512(kGather), rest);
+    }
     BONSAI_AVX512 static void codes(__m512i src, __m512i* c) { c[0] = _mm512_xor_si512(src, _mm512_set1_epi8(-128)); }
 };
 
@@ -202,13 +229,6 @@ BONSAI_AVX512 inline __m128 extract4(__m512 v, int g) {
     }
 }
 
-BONSAI_AVX512 inline __m128 load_d4(const uint8_t* const* rows, int64_t off) {
-    const __m128i h = _mm_setr_epi16(static_cast<short>(load_u16(rows[0] + off)), static_cast<short>(load_u16(rows[1] + off)),
-                                     static_cast<short>(load_u16(rows[2] + off)), static_cast<short>(load_u16(rows[3] + off)),
-                                     0, 0, 0, 0);
-    return _mm_cvtph_ps(h);
-}
-
 // Prefetches the unit at q: its first byte's line and, for units longer than a line, its last
 // byte's line too (one prefetch per unit would skip a line every 64 / (unit_bytes - 64) units).
 template <class K>
@@ -217,10 +237,11 @@ BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
     if constexpr (K::G * K::kBytes > 64) _mm_prefetch(reinterpret_cast<const char*>(q + K::G * K::kBytes - 1), _MM_HINT_T0);
 }
 
-// 4 rows x 1 token.
-template <class K>
-BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, const int32_t* asum, int64_t nb,
+// 4 rows x 1 token: rows p0, p0 + rb, p0 + 2 rb, p0 + 3 rb.
+template <class K, bool kEdge>
+BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act, const int32_t* asum, int64_t nb,
                                int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi) {
+    static_assert(K::G <= 2 || K::kWide, "scales are read for units of at most two blocks or by load4x18");
     const int64_t nu = (nb + K::G - 1) / K::G;
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
     __m128 acc = _mm_setzero_ps();
@@ -233,9 +254,9 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
             __mmask64 top[4];
             __m512i key[4];
             for (int i = 0; i < 4; ++i) {
-                p[i] = rows[i] + u * unit_bytes;
+                p[i] = p0 + i * rb + u * unit_bytes;
                 prefetch_unit<K>(p[i] + prefetch_stride);
-                if constexpr (std::is_same_v<K, KPtq1>) src[i] = K::load(p[i], lo, hi);
+                if constexpr (std::is_same_v<K, KPtq1>) src[i] = K::template load<kEdge>(p[i], lo, hi);
                 else src[i] = K::load(p[i], nin, u + 1 < nu);
                 top[i] = _mm512_movepi8_mask(src[i]);
                 key[i] = trit_key(src[i], top[i]);
@@ -247,9 +268,10 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
             }
         } else {
             for (int i = 0; i < 4; ++i) {
-                p[i] = rows[i] + u * unit_bytes;
+                p[i] = p0 + i * rb + u * unit_bytes;
                 prefetch_unit<K>(p[i] + prefetch_stride);
                 if constexpr (K::kWide) src[i] = load4x18(p[i], nin, raw[i]);
+                else if constexpr (K::kRaw) src[i] = K::load(p[i], nin, raw[i]);
                 else src[i] = K::load(p[i], nin, u + 1 < nu);
                 __m512i c[K::C];
                 K::codes(src[i], c);
@@ -257,24 +279,18 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
             }
         }
         const __m512i red = reduce4(s);
-        if constexpr (K::G <= 2) {
-            const __m256 d8 = unit_scales<K>(src, p, nin);
-            const int64_t b = u * K::G;
-            acc = block_fma<K>(acc, block_isum<K>(red, 0), _mm_set1_epi32(asum[b]), _mm256_castps256_ps128(d8));
-            if (K::G == 2 && nin > 1)
-                acc = block_fma<K>(acc, block_isum<K>(red, 1), _mm_set1_epi32(asum[b + 1]), _mm256_extractf128_ps(d8, 1));
-        } else if constexpr (K::kWide) {
+        if constexpr (K::kWide) {
             const __m512 d16 = scales4x18(raw);
             for (int g = 0; g < nin; ++g) {
                 const int64_t b = u * K::G + g;
                 acc = block_fma<K>(acc, block_isum<K>(red, g), _mm_set1_epi32(asum[b]), extract4(d16, g));
             }
         } else {
-            for (int g = 0; g < nin; ++g) {
-                const int64_t b = u * K::G + g;
-                acc = block_fma<K>(acc, block_isum<K>(red, g), _mm_set1_epi32(asum[b]),
-                                   load_d4(rows, b * K::kBytes + K::kDOff));
-            }
+            const __m256 d8 = unit_scales<K>(K::kRaw ? raw : src, p, nin);
+            const int64_t b = u * K::G;
+            acc = block_fma<K>(acc, block_isum<K>(red, 0), _mm_set1_epi32(asum[b]), _mm256_castps256_ps128(d8));
+            if (K::G == 2 && nin > 1)
+                acc = block_fma<K>(acc, block_isum<K>(red, 1), _mm_set1_epi32(asum[b + 1]), _mm256_extractf128_ps(d8, 1));
         }
     }
     return acc;
@@ -282,21 +298,34 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, co
 
 template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
-    const int64_t nb = a.n_blocks, rows = w.rows;
+    const int64_t nb = a.n_blocks, rows = w.rows, rb = static_cast<int64_t>(w.row_bytes);
+    const int64_t nu = (nb + K::G - 1) / K::G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
-    const uint8_t* end = base + rows * static_cast<int64_t>(w.row_bytes);
+    const uint8_t* end = base + rows * rb;
     // One token at a time: two or more tokens normally go to the GEMM (matmul_int8_gemm_impl.h),
     // which unpacks each weight once for all of them; this loop is its exact (slower) equivalent.
-    const int64_t prefetch_stride = kPrefetchRows * static_cast<int64_t>(w.row_bytes);
+    const int64_t prefetch_stride = kPrefetchRows * rb;
+    // A weight of fewer than 4 rows runs one row at a time (stride 0: four copies of the row).
+    const int64_t step = rows < 4 ? 1 : 4, stride = rows < 4 ? 0 : rb;
     for (int64_t t = 0; t < a.n_tokens; ++t) {
         const int8_t* act = a.slots + t * a.slot_bytes;
         const int32_t* asum = a.asum + t * nb;
-        for (int64_t r = r0; r < r1; r += 4) {
-            const uint8_t* rp[4];
-            for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
+        for (int64_t r = r0; r < r1; r += step) {
+            // The tile's first row: r, or the full tile ending at r1 - 1 when fewer than 4 rows
+            // are left (its rows before r were stored already).
+            const int64_t t0 = step == 1 ? r : std::max<int64_t>(0, std::min(r, r1 - 4));
+            const uint8_t* p0 = base + t0 * rb;
+            __m128 v;
+            if constexpr (std::is_same_v<K, KPtq1>) {
+                v = K::edge(p0, stride, nu, base, end)
+                        ? tile_rows<K, true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
+                        : tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
+            } else {
+                v = tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
+            }
             alignas(16) float out[4];
-            _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, prefetch_stride, base, end), _mm_set1_ps(a.scale[t])));
-            for (int i = 0; i < 4 && r + i < r1; ++i) y[t * rows + r + i] = out[i];
+            _mm_store_ps(out, _mm_mul_ps(v, _mm_set1_ps(a.scale[t])));
+            for (int64_t i = std::max(r, t0); i < std::min(t0 + step, r1); ++i) y[t * rows + i] = out[i - t0];
         }
     }
 }
