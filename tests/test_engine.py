@@ -390,6 +390,38 @@ def test_model_properties(model_dir):
     assert m.detokenize(ids[1:]) == b"ab"
 
 
+def _huge_pages_available():
+    try:
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return False
+    return "[always]" in mode or "[madvise]" in mode
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_streamed_weights_copied_into_huge_pages(model_dir, tied):
+    # By default the layer matrices and the output head (the tied embedding once) are copied out of
+    # the file mapping into huge pages; the copy must decode to the same bits as the mapping and as
+    # the file read into memory, and --no-huge-pages / --no-mmap make no copy.
+    from bonsai_runner.gguf_reader import open_gguf
+
+    _, path, m = get_model(model_dir, "llama", "Q8_0", tied)
+    plain = _core.Model(path, huge_pages=False)
+    in_memory = _core.Model(path, use_mmap=False)
+    streamed = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    with open_gguf(path) as g:
+        want = sum((t.nbytes + 63) // 64 * 64 for t in g.tensors
+                   if t.name.split(".")[-2] in streamed or t.name == ("token_embd.weight" if tied else "output.weight"))
+    assert m.memory_report()["huge_page_bytes"] == (want if _huge_pages_available() else 0)
+    assert plain.memory_report()["huge_page_bytes"] == 0 and in_memory.memory_report()["huge_page_bytes"] == 0
+    runs = []
+    for model in (m, plain, in_memory):
+        with ctx_for(model, act_mode="int8") as ctx:
+            runs.append(np.concatenate([ctx.decode(TOKENS[:8], logits="last")] +
+                                       [ctx.decode([t], logits="last") for t in TOKENS[8:14]]))
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+
+
 # ---------------------------------------------------------------- bonsai_run
 def _greedy_text(model, prompt, n):
     ids = model.tokenize(prompt, add_special=True, parse_special=True)

@@ -210,9 +210,11 @@ std::vector<Flag> make_flags(RunOptions& o) {
          "GPU layers only)", nullptr, on(o.cuda_graph)},
         {{"--no-cuda-graph"}, "", "launch every GPU kernel of every step instead of replaying CUDA graphs",
          nullptr, [&o](bool b) { o.cuda_graph = !b; }},
-        {{"--no-mmap"}, "", "read the model into memory (2 MiB pages where the kernel allows) instead of "
-         "mapping it: a private copy the size of the file and a slower start, decode a few % faster", nullptr,
-         [&o](bool b) { o.use_mmap = !b; }},
+        {{"--no-mmap"}, "", "read the whole model file into memory (2 MiB pages where the kernel allows) "
+         "instead of mapping it", nullptr, [&o](bool b) { o.use_mmap = !b; }},
+        {{"--no-huge-pages"}, "", "decode from the file mapping: by default the weights the CPU reads for every "
+         "token are copied into 2 MiB pages (Linux transparent huge pages, when the copy takes at most half "
+         "of the available memory), which decode reads faster", nullptr, [&o](bool b) { o.huge_pages = !b; }},
         {{"-np", "--parallel"}, "N", "N > 1: every non-blank line of -f FILE is its own prompt, N decoded "
          "together by continuous batching; -c is the context of EACH slot (the KV cache holds N x c tokens); "
          "prompt i samples with seed + i; outputs print as they finish, lines prefixed [i] (default 1)",

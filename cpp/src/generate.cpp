@@ -66,6 +66,7 @@ std::string read_prompt_file(const std::string& path) {
 std::shared_ptr<const Model> load_model_for_run(const RunOptions& o) {
     ModelParams mp;
     mp.use_mmap = o.use_mmap;
+    mp.huge_pages = o.huge_pages;
     mp.n_gpu_layers = o.n_gpu_layers;
     mp.tokenizer_path = o.tokenizer;
     return Model::load(o.model, mp);

@@ -2,7 +2,9 @@
 // a 64-byte-aligned heap block elsewhere or when the mapping fails.
 #include "bonsai/huge_buffer.h"
 
+#include <fstream>
 #include <new>
+#include <string>
 #include <utility>
 
 #if defined(__linux__)
@@ -69,6 +71,17 @@ void HugeBuffer::release() {
 #endif
     ::operator delete(data_, std::align_val_t(kHeapAlignment));
     data_ = nullptr;
+}
+
+bool huge_pages_available() {
+#if defined(__linux__)
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    if (!std::getline(f, line)) return false;
+    return line.find("[always]") != std::string::npos || line.find("[madvise]") != std::string::npos;
+#else
+    return false;
+#endif
 }
 
 }  // namespace bonsai

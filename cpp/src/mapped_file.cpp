@@ -40,6 +40,19 @@ struct Fd {
 
 }  // namespace
 
+void MappedFile::advise_unneeded(const uint8_t* p, size_t n) const {
+#if BONSAI_HAVE_MMAP
+    if (!mapped_ || n == 0) return;
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (b < e) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);  // advisory: ignore failure
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
 std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, bool use_mmap) {
     std::shared_ptr<MappedFile> f(new MappedFile());
     f->path_ = path;

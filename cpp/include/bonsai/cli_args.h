@@ -59,6 +59,7 @@ struct RunOptions {
     bool flash_attn = false;
     bool cuda_graph = true;
     bool use_mmap = true;         // false with --no-mmap
+    bool huge_pages = true;       // false with --no-huge-pages
     int32_t parallel = 1;         // independent sequences decoded together
     int32_t batch_size = 512;     // -b: prompt tokens per forward pass
     bool cache_prompt = false;    // reuse the KV cache of a shared prompt prefix

@@ -35,4 +35,8 @@ private:
     size_t mapped_bytes_ = 0;  // > 0: data_ is an anonymous mapping of this length (munmap)
 };
 
+// Whether the kernel backs a HugeBuffer with huge pages: Linux with transparent huge pages set to
+// "always" or "madvise" (/sys/kernel/mm/transparent_hugepage/enabled); false elsewhere.
+bool huge_pages_available();
+
 }  // namespace bonsai

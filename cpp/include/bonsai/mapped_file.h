@@ -30,6 +30,10 @@ public:
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
     bool is_mapped() const { return mapped_; }
+    // Tells the kernel that this process will not read [p, p + n) of the mapping again soon: the
+    // whole pages inside it leave the process's resident set (they stay in the page cache, and a
+    // later read maps them back). Nothing happens for a file read into memory.
+    void advise_unneeded(const uint8_t* p, size_t n) const;
 
 private:
     MappedFile() = default;

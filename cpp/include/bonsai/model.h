@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bonsai/hadamard.h"
+#include "bonsai/huge_buffer.h"
 #include "bonsai/ops.h"
 #include "bonsai/types.h"
 
@@ -34,6 +35,10 @@ class GpuModel;
 
 struct ModelParams {
     bool use_mmap = true;        // false: read the file into memory (--no-mmap)
+    // With a mapped file: copy the weights the CPU streams for every token into memory backed by
+    // 2 MiB pages (Linux transparent huge pages), when the kernel offers them and the copy takes
+    // at most half of the available memory (false: --no-huge-pages, decode straight from the mapping).
+    bool huge_pages = true;
     int n_gpu_layers = 0;        // the first n layers run on the GPU (CUDA builds); -1 or > n_layer = all
     std::string tokenizer_path;  // SentencePiece tokenizer.model overriding the embedded vocabulary
     bool verbose = false;        // print the per-layer device / type table while loading
@@ -114,6 +119,7 @@ struct ModelMemory {
     std::map<std::string, uint64_t> bytes_by_type;  // type name -> bytes
     uint64_t file_bytes = 0;
     bool mapped = true;                           // weights are in a file mapping (not a copy)
+    uint64_t huge_page_bytes = 0;                 // of them, copied out of the mapping into huge pages
     // GPU offload (CUDA builds): the first n_gpu_layers layers, and the output head when every
     // layer is offloaded, also live in one device allocation. The file mapping above still holds
     // every tensor on the host (offloaded pages are read once, for the upload).
@@ -166,6 +172,7 @@ private:
     friend class ModelLoader;
     void offload(const ModelParams& params);  // uploads the first layers to the GPU (CUDA builds)
     void bind_hadamard();                     // the contract's names -> the weights' rotations
+    void copy_to_huge_pages();                // the CPU's streamed weights -> cpu_weights_
 
     ModelParams params_;
     Hparams hp_;
@@ -180,6 +187,7 @@ private:
     std::vector<std::pair<GgmlType, uint64_t>> used_tensors_;  // type and bytes of every tensor read
     int n_gpu_layers_ = 0;
     std::shared_ptr<const GpuModel> gpu_;  // device weights (CUDA builds with offloaded layers)
+    HugeBuffer cpu_weights_;               // the copies made by copy_to_huge_pages (or empty)
 };
 
 }  // namespace bonsai
