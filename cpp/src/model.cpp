@@ -2,10 +2,12 @@
 // every tensor the architecture needs (validated by ModelLoader), load the vocabulary.
 #include "bonsai/model.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "arch/arch.h"
 #ifdef BONSAI_CUDA
@@ -268,19 +270,36 @@ void Model::copy_to_huge_pages() {
     }
     HugeBuffer buf(total);
     if (!buf.data()) return;  // decode works from the mapping as well
-    std::map<const void*, const void*> moved;
-    for (WeightView* v : views) {
+    struct Piece {
+        const uint8_t* src;
+        size_t off, bytes;
+    };
+    std::vector<Piece> pieces;
+    for (const WeightView* v : views) {
         if (!v->data || v->rows <= 0) continue;
-        auto it = moved.find(v->data);
-        if (it == moved.end()) {
-            const size_t bytes = static_cast<size_t>(v->rows) * v->row_bytes;
-            uint8_t* dst = buf.data() + offset.at(v->data);
-            std::memcpy(dst, v->data, bytes);
-            gguf_->mapping()->advise_unneeded(static_cast<const uint8_t*>(v->data), bytes);
-            it = moved.emplace(v->data, dst).first;
-        }
-        v->data = it->second;
+        const size_t off = offset.at(v->data);
+        if (pieces.empty() || off > pieces.back().off)  // offsets grow with each new source
+            pieces.push_back({static_cast<const uint8_t*>(v->data), off, static_cast<size_t>(v->rows) * v->row_bytes});
     }
+    // Several threads copy 2 MiB-aligned slices of the buffer: the first touch of each page (the
+    // kernel zeroing it, on a virtual machine often the host backing it) costs more than the copy.
+    constexpr size_t kSlice = size_t{2} << 20;
+    const size_t n_threads = std::clamp<size_t>(total / (64u << 20), 1, std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+    const size_t per = (total / n_threads + kSlice - 1) / kSlice * kSlice;
+    auto copy_range = [&](size_t lo, size_t hi) {
+        for (const Piece& pc : pieces) {
+            const size_t b = std::max(lo, pc.off), e = std::min(hi, pc.off + pc.bytes);
+            if (b < e) std::memcpy(buf.data() + b, pc.src + (b - pc.off), e - b);
+        }
+    };
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < n_threads && t * per < total; ++t)
+        threads.emplace_back(copy_range, t * per, std::min(total, (t + 1) * per));
+    copy_range(0, std::min(total, per));
+    for (std::thread& th : threads) th.join();
+    for (const Piece& pc : pieces) gguf_->mapping()->advise_unneeded(pc.src, pc.bytes);
+    for (WeightView* v : views)
+        if (v->data && v->rows > 0) v->data = buf.data() + offset.at(v->data);
     cpu_weights_ = std::move(buf);
 }
 
