@@ -3,7 +3,9 @@ context that fits a budget, and the decode-speed ceiling that memory bandwidth a
 
 CPU figures use the engine's own allocation formulas (they must agree with what
 `_core.Model.memory_report()` + `_core.Context.memory_report()` report; tests/test_plan.py checks):
-  weights   every tensor the engine binds, at its stored size (mapped from the file, not copied)
+  weights   every tensor the engine binds, at its stored size (mapped from the file; the matrices
+            the CPU streams are then copied into huge pages and their mapped pages released, so
+            the resident total stays the same)
   KV cache  n_ctx cells x n_layer x (row_bytes(type_k, n_embd_kv) + row_bytes(type_v, n_embd_kv))
             (cpp/src/kv_cache.cpp; n_ctx counts cells over all --parallel sequences); for a
             hybrid model (qwen35) only its attention blocks count
