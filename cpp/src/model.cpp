@@ -238,8 +238,8 @@ void Model::bind_hadamard() {
 // entries and page walks and the hardware prefetchers are not stopped at every 4 KiB boundary:
 // decode reads the weights faster (benchmarks/ab_decode.py --b-no-huge-pages). The copy is skipped
 // when it would take more than half of the available memory (a model that barely fits is left
-// to the page cache, which can give its pages back). The mapping's pages of a copied weight are
-// advised away as soon as it is copied, so the process does not hold both.
+// to the page cache, which can give its pages back). The mapping's pages of the copied weights are
+// advised away once the copy is done, so the process does not hold both.
 void Model::copy_to_huge_pages() {
     std::vector<WeightView*> views;
     for (int64_t il = n_gpu_layers_; il < hp_.n_layer; ++il) {
