@@ -252,12 +252,19 @@ void Model::copy_to_huge_pages() {
         views.push_back(&output_);
         if (hp_.tied_output) views.push_back(&tok_embd_);  // the same bytes: one copy for both
     }
-    std::map<const void*, size_t> offset;  // source -> offset in the copy (each source once)
+    struct Piece {
+        const uint8_t* src;
+        size_t off, bytes;
+    };
+    std::vector<Piece> pieces;             // each source once (a tied head and embedding share one)
+    std::map<const void*, size_t> offset;  // source -> its offset in the copy
     size_t total = 0;
     for (const WeightView* v : views) {
         if (!v->data || v->rows <= 0 || offset.count(v->data)) continue;
+        const size_t bytes = static_cast<size_t>(v->rows) * v->row_bytes;
         offset[v->data] = total;
-        total += (static_cast<size_t>(v->rows) * v->row_bytes + 63) / 64 * 64;
+        pieces.push_back({static_cast<const uint8_t*>(v->data), total, bytes});
+        total += (bytes + 63) / 64 * 64;
     }
     if (total == 0) return;
     const uint64_t avail = mem_available_bytes();
@@ -270,17 +277,6 @@ void Model::copy_to_huge_pages() {
     }
     HugeBuffer buf(total);
     if (!buf.data()) return;  // decode works from the mapping as well
-    struct Piece {
-        const uint8_t* src;
-        size_t off, bytes;
-    };
-    std::vector<Piece> pieces;
-    for (const WeightView* v : views) {
-        if (!v->data || v->rows <= 0) continue;
-        const size_t off = offset.at(v->data);
-        if (pieces.empty() || off > pieces.back().off)  // offsets grow with each new source
-            pieces.push_back({static_cast<const uint8_t*>(v->data), off, static_cast<size_t>(v->rows) * v->row_bytes});
-    }
     // Several threads copy 2 MiB-aligned slices of the buffer: the first touch of each page (the
     // kernel zeroing it, on a virtual machine often the host backing it) costs more than the copy.
     constexpr size_t kSlice = size_t{2} << 20;
