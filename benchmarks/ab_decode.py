@@ -29,8 +29,9 @@ import sys, time
 import numpy as np
 from bonsai_runner import _core
 path, threads, depth, n_gen, mmap, act_mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
-# huge_pages is passed only when turned off, so an older build (without the argument) can be side A
-model = _core.Model(path, use_mmap=mmap, **({"huge_pages": False} if sys.argv[7] == "0" else {}))
+# huge_pages / repack are passed only when turned off, so an older build (without them) can be side A
+off = {k: False for k, flag in (("huge_pages", sys.argv[7]), ("repack", sys.argv[8])) if flag == "0"}
+model = _core.Model(path, use_mmap=mmap, **off)
 ctx = _core.Context(model, n_ctx=depth + n_gen + 1, n_batch=512, n_threads=threads, act_mode=act_mode)
 rng = np.random.default_rng(0)
 n_vocab = model.n_vocab
@@ -54,14 +55,15 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, name: str, args: argparse.Namespace, pkg: str | None, no_mmap: bool, no_huge_pages: bool):
+    def __init__(self, name: str, args: argparse.Namespace, pkg: str | None, no_mmap: bool, no_huge_pages: bool,
+                 no_repack: bool):
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         if pkg:
             env["PYTHONPATH"] = str(Path(pkg).resolve())
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, str(args.model), str(args.threads), str(args.depth), str(args.n_gen),
-             "0" if no_mmap else "1", args.act_mode, "0" if no_huge_pages else "1"],
+             "0" if no_mmap else "1", args.act_mode, "0" if no_huge_pages else "1", "0" if no_repack else "1"],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.ask(None) != "ready":
             sys.exit(f"ab_decode: worker {name} did not start:\n{self.proc.communicate()[1]}")
@@ -99,6 +101,10 @@ def main() -> None:
     p.add_argument("--a-no-huge-pages", action="store_true",
                    help="side A decodes from the file mapping (no copy of the weights into huge pages)")
     p.add_argument("--b-no-huge-pages", action="store_true", help="side B decodes from the file mapping")
+    p.add_argument("--a-no-repack", action="store_true",
+                   help="side A copies PTQ1_0 weights into huge pages as they are (no regrouping for the "
+                        "AVX-512 one-token kernel)")
+    p.add_argument("--b-no-repack", action="store_true", help="side B copies PTQ1_0 weights as they are")
     p.add_argument("--act-mode", default="int8", choices=("int8", "float"), help="activations of both sides")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--depth", type=int, default=512, help="prompt tokens before the timed decodes (default 512)")
@@ -108,8 +114,8 @@ def main() -> None:
     if not args.model.is_file():
         sys.exit(f"ab_decode: {args.model} is not a file; pass a GGUF model")
     default_path = os.environ.get("PYTHONPATH")
-    a = Worker("A", args, args.a_path or default_path, args.a_no_mmap, args.a_no_huge_pages)
-    b = Worker("B", args, args.b_path or default_path, args.b_no_mmap, args.b_no_huge_pages)
+    a = Worker("A", args, args.a_path or default_path, args.a_no_mmap, args.a_no_huge_pages, args.a_no_repack)
+    b = Worker("B", args, args.b_path or default_path, args.b_no_mmap, args.b_no_huge_pages, args.b_no_repack)
     times: dict[str, list[float]] = {"A": [], "B": []}
     ratios, loads = [], []
     for _ in range(args.rounds):
@@ -125,10 +131,12 @@ def main() -> None:
     b.close()
     print(f"{cpu_name()}, {os.cpu_count()} CPUs; load average {min(loads):.2f}..{max(loads):.2f}; "
           f"{len(ratios)} token pairs at depth {args.depth}..{args.depth + args.n_gen}, {args.threads} threads")
-    for side, path, no_mmap, no_hp in (("A", args.a_path, args.a_no_mmap, args.a_no_huge_pages),
-                                       ("B", args.b_path, args.b_no_mmap, args.b_no_huge_pages)):
+    for side, path, no_mmap, no_hp, no_rp in (
+            ("A", args.a_path, args.a_no_mmap, args.a_no_huge_pages, args.a_no_repack),
+            ("B", args.b_path, args.b_no_mmap, args.b_no_huge_pages, args.b_no_repack)):
         s = sorted(times[side])
-        flags = (", --no-mmap" if no_mmap else "") + (", --no-huge-pages" if no_hp else "")
+        flags = ((", --no-mmap" if no_mmap else "") + (", --no-huge-pages" if no_hp else "") +
+                 (", --no-repack" if no_rp else ""))
         print(f"  {side} ({path or 'this PYTHONPATH'}{flags}): median {statistics.median(s) * 1e3:.3f} "
               f"ms/token, p10 {s[len(s) // 10] * 1e3:.3f} ms, mean {statistics.mean(s) * 1e3:.3f} ms")
     q = statistics.quantiles(ratios, n=4)

@@ -43,7 +43,8 @@ def reference_logits(history: list[int]) -> np.ndarray:
 
 
 class Model:
-    def __init__(self, path, use_mmap=True, n_gpu_layers=0, tokenizer=None, verbose=False, huge_pages=True):
+    def __init__(self, path, use_mmap=True, n_gpu_layers=0, tokenizer=None, verbose=False, huge_pages=True,
+                 repack=True):
         self.n_vocab = N_VOCAB
         self.n_ctx_train = 128
         self.arch = "llama"

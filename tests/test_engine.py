@@ -422,6 +422,32 @@ def test_streamed_weights_copied_into_huge_pages(model_dir, tied):
     assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
 
 
+def test_repacked_ptq1_0_decodes_to_the_same_bits(tmp_path):
+    # On the AVX-512 path the PTQ1_0 matrices of 1024 or more columns (here every linear weight and
+    # the head: 9 blocks per row, one 8-block group and one block more) are regrouped while they are
+    # copied into huge pages (PTQ1_0_X8); prompts (the GEMM) and single tokens must decode to the
+    # bits of the weights as the file has them, with INT8 and float activations.
+    from bonsai_runner.gguf_reader import open_gguf
+    from synthetic_gguf import write_synthetic_model
+
+    path = str(write_synthetic_model(tmp_path / "x8.gguf", "llama", hidden=1152, ffn=1024, n_layer=2, n_head=9,
+                                     n_head_kv=3, vocab=512, wtype="PTQ1_0", emb_type="F16", head_type="PTQ1_0"))
+    repacked, plain = _core.Model(path), _core.Model(path, repack=False)
+    with open_gguf(path) as g:
+        want = sum(t.nbytes for t in g.tensors if t.type_name == "PTQ1_0" and t.ne[0] >= 1024)
+    assert want > 0
+    applies = _core.cpu_path() == "avx512" and _huge_pages_available()
+    assert repacked.memory_report()["repacked_bytes"] == (want if applies else 0)
+    assert plain.memory_report()["repacked_bytes"] == 0
+    for act_mode in ("int8", "float"):
+        runs = []
+        for model in (repacked, plain):
+            with ctx_for(model, act_mode=act_mode) as ctx:
+                runs.append(np.concatenate([ctx.decode(TOKENS[:9], logits="all")] +
+                                           [ctx.decode([t], logits="last") for t in TOKENS[9:15]]))
+        assert np.array_equal(runs[0], runs[1]), act_mode
+
+
 # ---------------------------------------------------------------- bonsai_run
 def _greedy_text(model, prompt, n):
     ids = model.tokenize(prompt, add_special=True, parse_special=True)

@@ -67,6 +67,7 @@ std::shared_ptr<const Model> load_model_for_run(const RunOptions& o) {
     ModelParams mp;
     mp.use_mmap = o.use_mmap;
     mp.huge_pages = o.huge_pages;
+    mp.repack = o.repack;
     mp.n_gpu_layers = o.n_gpu_layers;
     mp.tokenizer_path = o.tokenizer;
     return Model::load(o.model, mp);

@@ -19,6 +19,7 @@ const TypeTraits kTraits[] = {
     {TYPE_PQ2_0, "PQ2_0", 142, QK_PQ2_0, sizeof(block_pq2_0), true},
     {TYPE_PTQ1_0, "PTQ1_0", 143, QK_PTQ1_0, sizeof(block_ptq1_0), true},
     {TYPE_Q2_0_G128, "Q2_0_G128", 42, QK2_0_G128, sizeof(block_q2_0_g128), true},
+    {TYPE_PTQ1_0_X8, "PTQ1_0", 143, QK_PTQ1_0, sizeof(block_ptq1_0), true},  // after PTQ1_0: id 143 finds PTQ1_0
 };
 
 // ggml ids this engine does not run, named so that errors can say what the file holds.

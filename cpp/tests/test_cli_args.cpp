@@ -53,6 +53,7 @@ void test_values() {
     const RunOptions d = parse({"-m", "x.gguf"});
     CHECK(d.model == "x.gguf" && d.ctx_size == 4096 && d.use_mmap && !d.flash_attn && d.cuda_graph);
     CHECK(d.huge_pages && !parse({"-m", "x.gguf", "--no-huge-pages"}).huge_pages);
+    CHECK(d.repack && !parse({"-m", "x.gguf", "--no-repack"}).repack);
     CHECK(!parse({"-m", "x.gguf", "--no-cuda-graph"}).cuda_graph);
     CHECK(d.cache_type_k == TYPE_F16 && d.seed == kRandomSeed && d.n_predict == -1 && !d.has_prompt);
 
@@ -177,7 +178,7 @@ void test_help() {
     for (const char* flag : {"--model", "--config", "--tokenizer", "--n-gpu-layers", "--ctx-size",
                              "--temp", "--top-p", "--top-k", "--min-p", "--repeat-penalty",
                              "--repeat-last-n", "--cache-type-k", "--cache-type-v", "--flash-attn",
-                             "--cuda-graph", "--no-mmap", "--no-huge-pages", "--parallel", "--batch-size",
+                             "--cuda-graph", "--no-mmap", "--no-huge-pages", "--no-repack", "--parallel", "--batch-size",
                              "--cache-prompt", "--threads", "--seed", "--prompt", "--file",
                              "--n-predict", "--interactive", "--inspect", "--help", "examples:",
                              "--grammar GRAMMAR", "--grammar-file FILE", "-j, --json-schema SCHEMA",

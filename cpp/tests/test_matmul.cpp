@@ -1,7 +1,8 @@
 // C++ unit test of the thread pool and the CPU matmul: chunk coverage, exceptions and nesting in
 // ThreadPool; INT8 results bit-identical across every available path and thread count, close to a
 // double-precision reference built from the scalar block unpacker; matmul_shared_input equal bit for
-// bit to separate matmul calls; shape errors throw.
+// bit to separate matmul calls; shape errors throw; PTQ1_0 rows regrouped in memory (PTQ1_0_X8) give
+// PTQ1_0's results bit for bit on every path.
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "../backends/cpu/block_unpack.h"
 #include "../backends/cpu/cpu_features.h"
 #include "../backends/cpu/matmul_jobs.h"
+#include "../backends/cpu/ptq1_0_x8.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
 #include "bonsai/quants.h"
@@ -307,12 +309,85 @@ static void test_one_token_takeover() {
     cpu::set_one_token_worker_delay_for_tests(0);
 }
 
+// PTQ1_0_X8 (ptq1_0_x8.h): the regrouping is undone exactly; every path, mode, token count and
+// thread count gives, from X8 rows, exactly what it gives from the PTQ1_0 rows (INT8: the scalar
+// PTQ1_0 reference), for rows of whole groups, of groups and 1..7 more blocks, and of fewer than 8
+// blocks; get_rows agrees; no path reads past X8 weights that end at an inaccessible page.
+static void test_ptq1_0_x8() {
+    std::mt19937 rng(8);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    ThreadPool pool1(1), pool2(2);
+    for (int64_t cols : {1024, 1152, 2048, 2432, 2944, 896}) {
+        const int64_t nb = cols / 128;
+        for (int64_t rows : {1, 3, 29}) {
+            std::vector<uint8_t> w = random_weight(TYPE_PTQ1_0, rows, cols, rng), wx(w.size()), back(w.size());
+            const size_t rb = type_row_bytes(TYPE_PTQ1_0, cols);
+            for (int64_t r = 0; r < rows; ++r) {
+                cpu::pack_ptq1_0_x8_row(w.data() + r * rb, wx.data() + r * rb, nb);
+                cpu::unpack_ptq1_0_x8_row(wx.data() + r * rb, back.data() + r * rb, nb);
+            }
+            CHECK(back == w);
+            CHECK((nb < 8) == (wx == w));
+            const WeightView wv{TYPE_PTQ1_0, w.data(), rows, cols, rb}, xv{TYPE_PTQ1_0_X8, wx.data(), rows, cols, rb};
+            for (int64_t nt : {1, 2, 7}) {
+                std::vector<float> x(static_cast<size_t>(nt * cols));
+                for (auto& v : x) v = nd(rng);
+                std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
+                matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
+                for (CpuPath p : available_cpu_paths())
+                    for (ThreadPool* pool : {&pool1, &pool2})
+                        for (bool vbmi : {false, true}) {
+                            cpu::set_avx512_vbmi_enabled(vbmi);
+                            std::fill(y.begin(), y.end(), -1.0f);
+                            matmul_on_path(xv, x.data(), nt, y.data(), ActMode::INT8, *pool, p);
+                            CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+                        }
+                cpu::set_avx512_vbmi_enabled(true);
+                for (CpuPath p : available_cpu_paths()) {
+                    matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::FLOAT, pool2, p);
+                    matmul_on_path(xv, x.data(), nt, y.data(), ActMode::FLOAT, pool2, p);
+                    CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+                }
+            }
+            const int32_t ids[2] = {0, static_cast<int32_t>(rows - 1)};
+            std::vector<float> gr(static_cast<size_t>(2 * cols)), gx(gr.size());
+            get_rows(wv, ids, 2, gr.data());
+            get_rows(xv, ids, 2, gx.data());
+            CHECK(gr == gx);
+        }
+    }
+#if defined(__unix__)
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    for (int64_t cols : {1024, 1408}) {
+        const int64_t rows = 7, nb = cols / 128;
+        const size_t rb = type_row_bytes(TYPE_PTQ1_0, cols);
+        std::vector<uint8_t> w = random_weight(TYPE_PTQ1_0, rows, cols, rng);
+        const size_t pages = (w.size() + page - 1) / page + 1;
+        void* mem = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(mem != MAP_FAILED);
+        if (mem == MAP_FAILED) return;
+        uint8_t* guard = static_cast<uint8_t*>(mem) + (pages - 1) * page;
+        mprotect(guard, page, PROT_NONE);
+        uint8_t* data = guard - w.size();
+        for (int64_t r = 0; r < rows; ++r) cpu::pack_ptq1_0_x8_row(w.data() + r * rb, data + r * rb, nb);
+        const WeightView xv{TYPE_PTQ1_0_X8, data, rows, cols, rb};
+        for (int64_t nt : {1, 2, 17}) {
+            std::vector<float> x(static_cast<size_t>(nt * cols), 0.25f), y(static_cast<size_t>(nt * rows));
+            for (CpuPath p : available_cpu_paths())
+                for (ActMode mode : {ActMode::INT8, ActMode::FLOAT}) matmul_on_path(xv, x.data(), nt, y.data(), mode, pool2, p);
+        }
+        munmap(mem, pages * page);
+    }
+#endif
+}
+
 int main() {
     test_thread_pool();
     test_one_token_takeover();
     test_int8_paths();
     test_no_read_past_end();
     test_shared_input();
+    test_ptq1_0_x8();
     test_errors_and_paths();
     if (g_failures) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);

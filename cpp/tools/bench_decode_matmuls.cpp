@@ -5,10 +5,13 @@
 // the model's own weights as decode streams them (a cold single matmul repeated in a loop can rank
 // variants differently). Built with the C++ tests (-DBONSAI_BUILD_TESTS=ON, scripts/dev_build.sh).
 //
-//   build/dev/bench_decode_matmuls MODEL.gguf [--tokens N] [--threads T] [--no-huge-pages] [--kv-read]
+//   build/dev/bench_decode_matmuls MODEL.gguf [--tokens N] [--threads T] [--no-huge-pages] [--no-repack]
+//                                  [--kv-read] [--cached]
 //
 // --kv-read reads 600 KiB of other memory between the q/k/v and the output projection of every
-// layer, as attention reads the KV cache there. Dense architectures (llama, qwen2, qwen3) only.
+// layer, as attention reads the KV cache there. --cached runs layer 0's products only, every step,
+// and no head: weights of a few MiB stay in the last-level cache, so the figures are the kernels'
+// rates when memory keeps up with them. Dense architectures (llama, qwen2, qwen3) only.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +34,7 @@ double bytes_of(const bonsai::WeightView& w) { return static_cast<double>(w.rows
 int usage(const char* why) {
     std::fprintf(stderr,
                  "bench_decode_matmuls: %s\nusage: bench_decode_matmuls MODEL.gguf [--tokens N (default 100)] "
-                 "[--threads T (default 2)] [--no-huge-pages] [--kv-read]\n",
+                 "[--threads T (default 2)] [--no-huge-pages] [--no-repack] [--kv-read] [--cached]\n",
                  why);
     return 2;
 }
@@ -41,7 +44,7 @@ int usage(const char* why) {
 int main(int argc, char** argv) {
     std::string path;
     int tokens = 100, threads = 2;
-    bool huge_pages = true, kv_read = false;
+    bool huge_pages = true, repack = true, kv_read = false, cached = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if ((a == "--tokens" || a == "--threads") && i + 1 < argc) {
@@ -50,6 +53,10 @@ int main(int argc, char** argv) {
             (a == "--tokens" ? tokens : threads) = v;
         } else if (a == "--no-huge-pages") {
             huge_pages = false;
+        } else if (a == "--no-repack") {
+            repack = false;
+        } else if (a == "--cached") {
+            cached = true;
         } else if (a == "--kv-read") {
             kv_read = true;
         } else if (a == "-h" || a == "--help") {
@@ -65,6 +72,7 @@ int main(int argc, char** argv) {
     try {
         bonsai::ModelParams mp;
         mp.huge_pages = huge_pages;
+        mp.repack = repack;
         const auto m = bonsai::Model::load(path, mp);
         const bonsai::Hparams& hp = m->hparams();
         if (!hp.recurrent.empty()) return usage("hybrid (qwen35) models are not covered; use a dense model");
@@ -82,7 +90,8 @@ int main(int argc, char** argv) {
         double t[5] = {}, b[5] = {};
         for (int tok = 0; tok <= tokens; ++tok) {  // token 0 warms up
             const bool count = tok > 0;
-            for (int64_t l = 0; l < hp.n_layer; ++l) {
+            const int64_t n_layer = cached ? 1 : hp.n_layer;
+            for (int64_t l = 0; l < n_layer; ++l) {
                 const bonsai::LayerWeights& w = m->layers()[static_cast<size_t>(l)];
                 const double t0 = now();
                 {
@@ -114,20 +123,23 @@ int main(int argc, char** argv) {
                     b[2] += bytes_of(w.w_gate) + bytes_of(w.w_up), b[3] += bytes_of(w.w_down);
                 }
             }
+            if (cached) continue;
             const double t6 = now();
             bonsai::matmul(m->output(), x.data(), 1, logits.data(), bonsai::ActMode::INT8, pool);
             if (count) t[4] += now() - t6, b[4] += bytes_of(m->output());
         }
         (void)sink;
-        std::printf("%s: %d tokens, %d threads, weights %s\n", path.c_str(), tokens, threads,
-                    m->memory_report().huge_page_bytes > 0 ? "in huge pages" : "in the file mapping");
+        const bonsai::ModelMemory mem = m->memory_report();
+        std::printf("%s: %d tokens, %d threads, weights %s%s%s\n", path.c_str(), tokens, threads,
+                    mem.huge_page_bytes > 0 ? "in huge pages" : "in the file mapping",
+                    mem.repacked_bytes > 0 ? " (PTQ1_0 regrouped)" : "", cached ? ", layer 0 only (cached)" : "");
         double total = 0.0;
-        for (int i = 0; i < 5; ++i) {
-            const double calls = static_cast<double>(tokens) * (i == 4 ? 1 : static_cast<double>(hp.n_layer));
+        for (int i = 0; i < (cached ? 4 : 5); ++i) {
+            const double calls = static_cast<double>(tokens) * (i == 4 || cached ? 1 : static_cast<double>(hp.n_layer));
             std::printf("  %-9s %9.1f us/call %6.1f GB/s\n", names[i], t[i] / calls * 1e6, b[i] / t[i] / 1e9);
             total += t[i];
         }
-        std::printf("  matmuls per token: %.3f ms\n", total / tokens * 1e3);
+        std::printf("  matmuls per %s: %.3f ms\n", cached ? "step" : "token", total / tokens * 1e3);
     } catch (const bonsai::Error& e) {
         std::fprintf(stderr, "bench_decode_matmuls: %s\n", e.what());
         return 1;

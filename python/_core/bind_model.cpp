@@ -113,6 +113,7 @@ py::dict model_memory(const bonsai::Model& m) {
     d["file_bytes"] = r.file_bytes;
     d["mapped"] = r.mapped;
     d["huge_page_bytes"] = r.huge_page_bytes;
+    d["repacked_bytes"] = r.repacked_bytes;
     py::dict gpu_types;
     for (const auto& [k, v] : r.gpu_bytes_by_type) gpu_types[py::str(k)] = v;
     d["n_gpu_layers"] = r.n_gpu_layers;
@@ -201,10 +202,11 @@ py::array_t<float> embed(PyContext& self, const py::object& tokens, int seq, con
 void bind_model(py::module_& m) {
     py::class_<PyModel>(m, "Model", "A loaded model file (immutable; shared by contexts).")
         .def(py::init([](const std::string& path, bool use_mmap, int n_gpu_layers, py::object tokenizer,
-                         bool verbose, bool huge_pages) {
+                         bool verbose, bool huge_pages, bool repack) {
                  bonsai::ModelParams p;
                  p.use_mmap = use_mmap;
                  p.huge_pages = huge_pages;
+                 p.repack = repack;
                  p.n_gpu_layers = n_gpu_layers;
                  p.verbose = verbose;
                  if (!tokenizer.is_none()) p.tokenizer_path = py::str(tokenizer).cast<std::string>();
@@ -214,7 +216,8 @@ void bind_model(py::module_& m) {
                  return h;
              }),
              py::arg("path"), py::arg("use_mmap") = true, py::arg("n_gpu_layers") = 0,
-             py::arg("tokenizer") = py::none(), py::arg("verbose") = false, py::arg("huge_pages") = true)
+             py::arg("tokenizer") = py::none(), py::arg("verbose") = false, py::arg("huge_pages") = true,
+             py::arg("repack") = true)
         .def_property_readonly("n_vocab", [](const PyModel& s) { return s.get().hparams().n_vocab; })
         .def_property_readonly("n_ctx_train", [](const PyModel& s) { return s.get().hparams().n_ctx_train; })
         .def_property_readonly("n_embd", [](const PyModel& s) { return s.get().hparams().n_embd; })

@@ -106,7 +106,8 @@ class Llama:
                  tokenizer: Optional[str] = None, type_k: Union[str, int, None] = None,
                  type_v: Union[str, int, None] = None, spm_infill: bool = False, verbose: bool = True,
                  cuda_graph: bool = True, chat_template: Optional[str] = None, act_mode: str = "int8",
-                 stream_wait_s: float = DEFAULT_STREAM_WAIT_S, huge_pages: bool = True, **kwargs):
+                 stream_wait_s: float = DEFAULT_STREAM_WAIT_S, huge_pages: bool = True, repack: bool = True,
+                 **kwargs):
         """Loads `model_path`. Takes llama-cpp-python's keywords: see the README's "Llama API" for
         which are honoured, which warn (no effect here) and which are refused (would change results)."""
         self._model = None
@@ -162,7 +163,7 @@ class Llama:
             raise BonsaiError("pooling_type applies to embeddings: create the Llama with embedding=True as well")
         self._model = _core.Model(path, use_mmap=bool(use_mmap), n_gpu_layers=n_gpu_layers,
                                   tokenizer=None if tokenizer is None else os.fspath(tokenizer), verbose=self.verbose,
-                                  huge_pages=bool(huge_pages))
+                                  huge_pages=bool(huge_pages), repack=bool(repack))
         try:
             check_rope(self._model, rope_freq_base, rope_freq_scale)
         except BaseException:

@@ -30,8 +30,14 @@ struct Sizes {
 Sizes sizes_of(const Int8Layout* l, int64_t cols, int64_t n_tokens, bool with_slots) {
     Sizes s;
     s.n_blocks = cols / l->block_elems;
-    s.n_units = (s.n_blocks + l->G - 1) / l->G;
-    s.slot_bytes = with_slots ? s.n_units * l->C * 64 : 0;
+    if (l->rest) {  // full units, then the rest's units
+        const int64_t full = s.n_blocks / l->G, rest = (s.n_blocks - full * l->G + l->rest->G - 1) / l->rest->G;
+        s.n_units = full + rest;
+        s.slot_bytes = with_slots ? (full * l->C + rest * l->rest->C) * 64 : 0;
+    } else {
+        s.n_units = (s.n_blocks + l->G - 1) / l->G;
+        s.slot_bytes = with_slots ? s.n_units * l->C * 64 : 0;
+    }
     s.t_pad = (n_tokens + 15) / 16 * 16;
     s.scale = round_up(sizeof(float) * s.t_pad);
     s.q = round_up(static_cast<size_t>(cols * n_tokens));
@@ -144,6 +150,31 @@ BONSAI_ACT_AVX2 void quantize_avx2(const float* x, int64_t n, float iscale, int8
 }
 #endif
 
+// q[0..cols) in the slot order of layout l at dst: whole units, then a last partial one (its
+// missing elements read as zeros).
+void write_slots(const Int8Layout* l, const int8_t* q, int64_t cols, int8_t* dst) {
+    const int64_t unit_elems = static_cast<int64_t>(l->G) * l->block_elems;
+    const int n_slots = l->C * 64;
+    const int64_t n_units = (cols / l->block_elems + l->G - 1) / l->G;
+    const int64_t full_units = cols / unit_elems;  // units whose blocks all exist
+    for (int64_t u = 0; u < n_units; ++u) {
+        const int8_t* qu = q + u * unit_elems;
+        int8_t* d = dst + u * n_slots;
+        if (u < full_units) {
+            for (int s = 0; s < n_slots; ++s) {
+                const int e = l->slot_map[s];
+                d[s] = e >= 0 ? qu[e] : 0;
+            }
+        } else {
+            const int64_t left = cols - u * unit_elems;
+            for (int s = 0; s < n_slots; ++s) {
+                const int e = l->slot_map[s];
+                d[s] = (e >= 0 && e < left) ? qu[e] : 0;
+            }
+        }
+    }
+}
+
 }  // namespace
 
 void quantize_act_token(const ActInt8& a, const float* x, int64_t t) {
@@ -186,24 +217,12 @@ void quantize_act_token(const ActInt8& a, const float* x, int64_t t) {
     }
     if (!a.slots) return;
     int8_t* dst = a.slots + t * a.slot_bytes;
-    const int64_t unit_elems = static_cast<int64_t>(l->G) * l->block_elems;
-    const int n_slots = l->C * 64;
-    const int64_t full_units = cols / unit_elems;  // units whose blocks all exist
-    for (int64_t u = 0; u < a.n_units; ++u) {
-        const int8_t* qu = q + u * unit_elems;
-        int8_t* d = dst + u * n_slots;
-        if (u < full_units) {
-            for (int s = 0; s < n_slots; ++s) {
-                const int e = l->slot_map[s];
-                d[s] = e >= 0 ? qu[e] : 0;
-            }
-        } else {
-            const int64_t left = cols - u * unit_elems;
-            for (int s = 0; s < n_slots; ++s) {
-                const int e = l->slot_map[s];
-                d[s] = (e >= 0 && e < left) ? qu[e] : 0;
-            }
-        }
+    if (l->rest) {  // whole units of l, then the rest of the row in the units of l->rest
+        const int64_t main_cols = a.n_blocks / l->G * l->G * l->block_elems;
+        write_slots(l, q, main_cols, dst);
+        write_slots(l->rest, q + main_cols, cols - main_cols, dst + main_cols / (l->G * l->block_elems) * l->C * 64);
+    } else {
+        write_slots(l, q, cols, dst);
     }
 }
 

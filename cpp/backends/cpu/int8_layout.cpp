@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "block_unpack.h"
+#include "bonsai/quant_blocks.h"
+#include "ptq1_0_x8.h"
 
 namespace bonsai::cpu {
 
@@ -59,6 +61,16 @@ int slot_element(GgmlType type, int v, int p) {
     }
 }
 
+// Element of an X8 group held by code vector v, byte p (int8_layout.h); -1 for padding.
+int x8_element(int v, int p) {
+    if (v < 15) {
+        const int w = v / 5, n = v % 5, l = p / 4;
+        return ptq1_element(n, l % 8, 4 * (2 * w + l / 8) + p % 4);
+    }
+    const int n = (v - 15) / 2, parity = (v - 15) % 2, q = p % 16;
+    return (q / 2) % 2 == parity ? ptq1_element(n, q / 2, 24 + q % 2) : -1;
+}
+
 struct LayoutEntry {
     Int8Layout layout;
     std::vector<int16_t> map;
@@ -72,8 +84,31 @@ LayoutEntry make_entry(GgmlType type, int G, int C, int off, bool is_signed, boo
         for (int p = 0; p < 64; ++p)
             e.map[v * 64 + p] = static_cast<int16_t>(shifted ? ptq1_element(v, p / 32, p < 32 ? p - 4 : p - 32)
                                                              : slot_element(type, v, p));
-    e.layout = Int8Layout{G, C, off, is_signed, bi->elems, bi->bytes, bi->d_offset, nullptr};
+    e.layout = Int8Layout{G, C, off, is_signed, bi->elems, bi->bytes, bi->d_offset, nullptr, nullptr};
     return e;
+}
+
+// The one-token AVX-512 layout of PTQ1_0 (shifted), and of PTQ1_0_X8 (its rest: the shifted one).
+const Int8Layout* one_token_ptq1_0() {
+    static const LayoutEntry shifted = make_entry(TYPE_PTQ1_0, 2, 5, 1, false, true);
+    static const Int8Layout l = [] {
+        Int8Layout r = shifted.layout;
+        r.slot_map = shifted.map.data();
+        return r;
+    }();
+    return &l;
+}
+
+const Int8Layout* one_token_ptq1_0_x8() {
+    static const std::vector<int16_t> map = [] {
+        std::vector<int16_t> m(23 * 64);
+        for (int v = 0; v < 23; ++v)
+            for (int p = 0; p < 64; ++p) m[v * 64 + p] = static_cast<int16_t>(x8_element(v, p));
+        return m;
+    }();
+    static const Int8Layout l{kX8Blocks, 23, 1, false, QK_PTQ1_0, static_cast<int>(sizeof(block_ptq1_0)), -1,
+                              map.data(), one_token_ptq1_0()};
+    return &l;
 }
 
 const LayoutEntry* entries() {
@@ -89,19 +124,15 @@ const LayoutEntry* entries() {
 }  // namespace
 
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens) {
-    if (type == TYPE_PTQ1_0 && path == CpuPath::AVX512 && n_tokens == 1) {
-        static const LayoutEntry shifted = make_entry(TYPE_PTQ1_0, 2, 5, 1, false, true);
-        static const Int8Layout l = [] {
-            Int8Layout r = shifted.layout;
-            r.slot_map = shifted.map.data();
-            return r;
-        }();
-        return &l;
+    if (path == CpuPath::AVX512 && n_tokens == 1) {
+        if (type == TYPE_PTQ1_0) return one_token_ptq1_0();
+        if (type == TYPE_PTQ1_0_X8) return one_token_ptq1_0_x8();
     }
     return int8_layout(type);
 }
 
 const Int8Layout* int8_layout(GgmlType type) {
+    if (type == TYPE_PTQ1_0_X8) type = TYPE_PTQ1_0;
     static const struct Table {
         Int8Layout l[8];
         GgmlType t[8];

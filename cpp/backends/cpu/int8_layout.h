@@ -22,6 +22,12 @@
 // One-token AVX-512 variant (int8_layout_for): PTQ1_0 as above but p = 4 + k for block 0 and
 // p = 32 + k for block 1, the bytes of one 64-byte load from 4 bytes before the unit (the 56-byte
 // unit's two blocks then sit in the two halves without moving a byte).
+// PTQ1_0_X8 (ptq1_0_x8.h), one token on AVX-512: G=8 C=23. Vector 5 w + n (w < 3) is trit n of the
+// group's qs vector w, byte p = 4 l + k: block l % 8, qs byte 4 (2 w + l / 8) + k. Vectors 15 + 2 n
+// (even blocks) and 16 + 2 n (odd blocks), n < 4, are trit n of the qh bytes of four rows side by
+// side: byte p: qh byte p % 16 of the row (block (p % 16) / 2, byte p % 2), zero for the other
+// parity. The blocks past the last group use the one-token PTQ1_0 units (`rest`). Every other
+// path reads X8 rows converted back to PTQ1_0, so it gets PTQ1_0's layout.
 #pragma once
 
 #include <cstdint>
@@ -40,12 +46,14 @@ struct Int8Layout {
     int block_bytes;   // bytes per block
     int d_offset;      // byte offset of the fp16 scale inside the block
     const int16_t* slot_map;  // C*64 entries: element index inside the unit, or -1 for padding
+    const Int8Layout* rest;   // layout of the blocks after the last full unit; nullptr: a partial unit
 };
 
 // Layout of a quantized type the INT8 kernels run; nullptr for anything else.
 const Int8Layout* int8_layout(GgmlType type);
 // The layout the kernel of `path` reads for n_tokens tokens: int8_layout(type), except the
-// one-token AVX-512 variant of PTQ1_0 (see above).
+// one-token AVX-512 variants of PTQ1_0 and PTQ1_0_X8 (see above). int8_layout(PTQ1_0_X8) is
+// PTQ1_0's.
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens);
 
 }  // namespace bonsai::cpu

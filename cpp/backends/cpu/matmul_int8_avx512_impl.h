@@ -35,6 +35,7 @@
 #include "block_unpack.h"
 #include "bonsai/quants.h"
 #include "matmul_kernels.h"
+#include "ptq1_0_x8.h"
 
 #define BONSAI_AVX512 __attribute__((target(BONSAI_AVX512_TARGET)))
 
@@ -238,13 +239,14 @@ BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
 }
 
 // 4 rows x 1 token: rows p0, p0 + rb, p0 + 2 rb, p0 + 3 rb.
+// acc: the sum of the blocks before p0's (a PTQ1_0_X8 row's groups), zero for a whole row.
 template <class K, bool kEdge>
 BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act, const int32_t* asum, int64_t nb,
-                               int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi) {
+                               int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi,
+                               __m128 acc = _mm_setzero_ps()) {
     static_assert(K::G <= 2 || K::kWide, "scales are read for units of at most two blocks or by load4x18");
     const int64_t nu = (nb + K::G - 1) / K::G;
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
-    __m128 acc = _mm_setzero_ps();
     for (int64_t u = 0; u < nu; ++u) {
         const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
         const int8_t* au = act + u * K::C * 64;
@@ -296,10 +298,117 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act,
     return acc;
 }
 
+// Trit 0 of every byte, floor(3 b / 256) = [b >= 86] + [b >= 171], by saturating subtractions and
+// minima: the X8 tiles keep the byte permutes for trits 1..4.
+BONSAI_AVX512 inline __m512i trit0_thresholds(__m512i src) {
+    const __m512i one = _mm512_set1_epi8(1);
+    const __m512i a = _mm512_min_epu8(_mm512_subs_epu8(src, _mm512_set1_epi8(85)), one);
+    const __m512i b = _mm512_min_epu8(_mm512_subs_epu8(src, _mm512_set1_epi8(static_cast<char>(170))), one);
+    return _mm512_add_epi8(a, b);
+}
+
+// Tag of PTQ1_0_X8 rows in run_int8.
+struct KPtq1X8 {};
+
+// PTQ1_0_X8, 4 rows x 1 token (int8_layout.h, ptq1_0_x8.h). Per group: each of the three qs
+// vectors of the four rows is unpacked trit by trit into two accumulators per row (even and odd
+// trits, shorter vpdpbusd chains); the four rows' qh bytes share one vector, whose even- and
+// odd-block products go to two more accumulators. Dword lanes b and b + 8 of a row's qs sum are
+// block b; the sums are folded and transposed to [block][row] (lane 4 b + i), the qh sums added,
+// off * asum taken off, and acc = fma(d_b, isum_b, acc) block after block as everywhere. The
+// blocks past the groups (PTQ1_0 units) continue through tile_rows<KPtq1> with the same acc.
+template <bool kEdge>
+BONSAI_AVX512 __m128 tile_x8(const uint8_t* p0, int64_t rb, const int8_t* act, const int32_t* asum, int64_t nb,
+                             int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi) {
+    constexpr int C = 23;
+    alignas(64) static constexpr int32_t kRowsLo[16] = {0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27};
+    alignas(64) static constexpr int32_t kRowsHi[16] = {4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
+    // qh sums: lane 4 i + j of the even (odd) accumulator is block 2 j (2 j + 1) of row i
+    alignas(64) static constexpr int32_t kQhLo[16] = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29};
+    alignas(64) static constexpr int32_t kQhHi[16] = {2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
+    alignas(64) static constexpr int32_t kAsumLo[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+    alignas(64) static constexpr int32_t kAsumHi[16] = {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+    alignas(64) static constexpr int16_t kScales[32] = {0, 8,  16, 24, 1, 9,  17, 25, 2, 10, 18, 26, 3, 11, 19, 27,
+                                                        4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
+    const int64_t ng = nb / kX8Blocks;
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+        const uint8_t* gp = p0 + g * kX8Bytes;
+        const int8_t* ag = act + g * C * 64;
+        __m512i se[4], so[4];
+        for (int i = 0; i < 4; ++i) {
+            const uint8_t* q = gp + i * rb + prefetch_stride;
+            for (int off : {0, 64, 128, 192, kX8Bytes - 1}) _mm_prefetch(reinterpret_cast<const char*>(q + off), _MM_HINT_T0);
+            se[i] = _mm512_setzero_si512();
+            so[i] = _mm512_setzero_si512();
+        }
+        for (int w = 0; w < 3; ++w) {
+            __m512i src[4], key[4];
+            __mmask64 top[4];
+            for (int i = 0; i < 4; ++i) {
+                src[i] = _mm512_loadu_si512(gp + i * rb + 64 * w);
+                top[i] = _mm512_movepi8_mask(src[i]);
+                key[i] = trit_key(src[i], top[i]);
+            }
+            for (int n = 0; n < 5; ++n) {
+                const __m512i a = _mm512_load_si512(ag + 64 * (5 * w + n));
+                for (int i = 0; i < 4; ++i) {
+                    const __m512i c = n == 0 ? trit0_thresholds(src[i]) : trit_n(src[i], key[i], top[i], n);
+                    if (n % 2 == 0) se[i] = _mm512_dpbusd_epi32(se[i], c, a);
+                    else so[i] = _mm512_dpbusd_epi32(so[i], c, a);
+                }
+            }
+        }
+        // qh (16 bytes) and scales (16 bytes) of the four rows
+        const __m256i* tail = reinterpret_cast<const __m256i*>(gp + kX8QhOffset);
+        const __m512i t01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(tail)),
+                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + rb + kX8QhOffset)), 1);
+        const __m512i t23 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 2 * rb + kX8QhOffset))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 3 * rb + kX8QhOffset)), 1);
+        const __m512i qh = _mm512_shuffle_i64x2(t01, t23, 0x88);  // qh of rows 0..3
+        const __m512i ds = _mm512_shuffle_i64x2(t01, t23, 0xDD);  // scales of rows 0..3
+        const __mmask64 qtop = _mm512_movepi8_mask(qh);
+        const __m512i qkey = trit_key(qh, qtop);
+        __m512i he = _mm512_setzero_si512(), ho = _mm512_setzero_si512();
+        for (int n = 0; n < 4; ++n) {
+            const __m512i c = n == 0 ? trit0_thresholds(qh) : trit_n(qh, qkey, qtop, n);
+            he = _mm512_dpbusd_epi32(he, c, _mm512_load_si512(ag + 64 * (15 + 2 * n)));
+            ho = _mm512_dpbusd_epi32(ho, c, _mm512_load_si512(ag + 64 * (16 + 2 * n)));
+        }
+        __m512i s[4];
+        for (int i = 0; i < 4; ++i) s[i] = _mm512_add_epi32(se[i], so[i]);
+        // rows 0, 1 (2, 3): lanes b and b + 8 added -> [row 0 blocks 0..7, row 1 blocks 0..7]
+        const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xEE));
+        const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i64x2(s[2], s[3], 0x44), _mm512_shuffle_i64x2(s[2], s[3], 0xEE));
+        const __m512i as = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum + g * kX8Blocks)));
+        __m512i isum[2];
+        isum[0] = _mm512_add_epi32(_mm512_permutex2var_epi32(s01, _mm512_load_si512(kRowsLo), s23),
+                                   _mm512_permutex2var_epi32(he, _mm512_load_si512(kQhLo), ho));
+        isum[1] = _mm512_add_epi32(_mm512_permutex2var_epi32(s01, _mm512_load_si512(kRowsHi), s23),
+                                   _mm512_permutex2var_epi32(he, _mm512_load_si512(kQhHi), ho));
+        isum[0] = _mm512_sub_epi32(isum[0], _mm512_permutexvar_epi32(_mm512_load_si512(kAsumLo), as));
+        isum[1] = _mm512_sub_epi32(isum[1], _mm512_permutexvar_epi32(_mm512_load_si512(kAsumHi), as));
+        const __m512i dw = _mm512_permutexvar_epi16(_mm512_load_si512(kScales), ds);  // [block][row]
+        const __m512 d[2] = {_mm512_cvtph_ps(_mm512_castsi512_si256(dw)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dw, 1))};
+        for (int h = 0; h < 2; ++h) {
+            const __m512 f = _mm512_cvtepi32_ps(isum[h]);
+            for (int c = 0; c < 4; ++c) acc = _mm_fmadd_ps(extract4(d[h], c), extract4(f, c), acc);
+        }
+    }
+    const int64_t rest = nb - ng * kX8Blocks;
+    if (rest == 0) return acc;
+    return tile_rows<KPtq1, kEdge>(p0 + ng * kX8Bytes, rb, act + ng * C * 64, asum + ng * kX8Blocks, rest,
+                                   prefetch_stride, lo, hi, acc);
+}
+
 template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows, rb = static_cast<int64_t>(w.row_bytes);
-    const int64_t nu = (nb + K::G - 1) / K::G;
+    constexpr bool kX8 = std::is_same_v<K, KPtq1X8>;
+    using KU = std::conditional_t<kX8, KPtq1, K>;  // X8: the PTQ1_0 units after the groups
+    const int64_t head = kX8 ? nb / kX8Blocks * kX8Bytes : 0;  // bytes of a row's groups
+    const int64_t nu = (nb - (kX8 ? nb / kX8Blocks * kX8Blocks : 0) + KU::G - 1) / KU::G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     const uint8_t* end = base + rows * rb;
     // One token at a time: two or more tokens normally go to the GEMM (matmul_int8_gemm_impl.h),
@@ -316,7 +425,11 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
             const int64_t t0 = step == 1 ? r : std::max<int64_t>(0, std::min(r, r1 - 4));
             const uint8_t* p0 = base + t0 * rb;
             __m128 v;
-            if constexpr (std::is_same_v<K, KPtq1>) {
+            if constexpr (kX8) {
+                v = nu > 0 && KPtq1::edge(p0 + head, stride, nu, base, end)
+                        ? tile_x8<true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
+                        : tile_x8<false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
+            } else if constexpr (std::is_same_v<K, KPtq1>) {
                 v = K::edge(p0, stride, nu, base, end)
                         ? tile_rows<K, true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
                         : tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
@@ -335,6 +448,7 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
 BONSAI_AVX512 void BONSAI_AVX512_ENTRY(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     switch (w.type) {
         case TYPE_PTQ1_0: run_int8<KPtq1>(w, a, r0, r1, y); break;
+        case TYPE_PTQ1_0_X8: run_int8<KPtq1X8>(w, a, r0, r1, y); break;
         case TYPE_TQ1_0: run_int8<KTq1>(w, a, r0, r1, y); break;
         case TYPE_TQ2_0: run_int8<KTq2>(w, a, r0, r1, y); break;
         case TYPE_Q2_0: run_int8<KQ2g64>(w, a, r0, r1, y); break;

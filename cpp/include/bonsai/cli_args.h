@@ -60,6 +60,7 @@ struct RunOptions {
     bool cuda_graph = true;
     bool use_mmap = true;         // false with --no-mmap
     bool huge_pages = true;       // false with --no-huge-pages
+    bool repack = true;           // false with --no-repack
     int32_t parallel = 1;         // independent sequences decoded together
     int32_t batch_size = 512;     // -b: prompt tokens per forward pass
     bool cache_prompt = false;    // reuse the KV cache of a shared prompt prefix

@@ -1,0 +1,55 @@
+// Byte reordering between PTQ1_0 rows and the X8 groups of ptq1_0_x8.h.
+#include "ptq1_0_x8.h"
+
+#include <cstring>
+
+#include "bonsai/quant_blocks.h"
+
+namespace bonsai::cpu {
+
+namespace {
+
+constexpr int kBlock = static_cast<int>(sizeof(block_ptq1_0));  // 28: qs[24], qh[2], d
+
+// to_x8: block bytes -> group positions; otherwise the reverse.
+template <bool to_x8>
+void reorder_row(const uint8_t* src, uint8_t* dst, int64_t n_blocks) {
+    const int64_t n_groups = n_blocks / kX8Blocks;
+    for (int64_t g = 0; g < n_groups; ++g) {
+        const uint8_t* s = src + g * kX8Bytes;
+        uint8_t* d = dst + g * kX8Bytes;
+        for (int b = 0; b < kX8Blocks; ++b) {
+            const int blk = kBlock * b;
+            for (int j = 0; j < 24; ++j) {
+                if (to_x8) d[x8_qs_pos(b, j)] = s[blk + j];
+                else d[blk + j] = s[x8_qs_pos(b, j)];
+            }
+            for (int h = 0; h < 2; ++h) {
+                if (to_x8) {
+                    d[kX8QhOffset + 2 * b + h] = s[blk + 24 + h];
+                    d[kX8DOffset + 2 * b + h] = s[blk + 26 + h];
+                } else {
+                    d[blk + 24 + h] = s[kX8QhOffset + 2 * b + h];
+                    d[blk + 26 + h] = s[kX8DOffset + 2 * b + h];
+                }
+            }
+        }
+    }
+    const int64_t done = n_groups * kX8Bytes;
+    std::memcpy(dst + done, src + done, static_cast<size_t>((n_blocks - n_groups * kX8Blocks) * kBlock));
+}
+
+}  // namespace
+
+void pack_ptq1_0_x8_row(const uint8_t* src, uint8_t* dst, int64_t n_blocks) { reorder_row<true>(src, dst, n_blocks); }
+
+void unpack_ptq1_0_x8_row(const uint8_t* src, uint8_t* dst, int64_t n_blocks) {
+    reorder_row<false>(src, dst, n_blocks);
+}
+
+void unpack_ptq1_0_x8_rows(const uint8_t* data, int64_t row_bytes, int64_t r0, int64_t r1, uint8_t* dst) {
+    for (int64_t r = r0; r < r1; ++r)
+        unpack_ptq1_0_x8_row(data + r * row_bytes, dst + (r - r0) * row_bytes, row_bytes / kBlock);
+}
+
+}  // namespace bonsai::cpu
