@@ -106,6 +106,9 @@ void cuda_dequantize(GgmlType type, const void* host_src, float* host_dst, int64
         throw Error("CUDA dequantize: " + std::to_string(n) +
                     " elements is not a multiple of the " + t->name + " block size " +
                     std::to_string(t->block_size));
+    if (type == TYPE_PTQ1_0_X8)
+        throw Error("CUDA dequantize: PTQ1_0_X8 is the CPU backend's in-memory order of PTQ1_0; pass the rows as "
+                    "PTQ1_0");
     if (n == 0) return;
     const size_t in_bytes = type_row_bytes(type, n);
     const size_t out_bytes = static_cast<size_t>(n) * sizeof(float);
@@ -127,6 +130,8 @@ void cuda_dequantize(GgmlType type, const void* host_src, float* host_dst, int64
         case TYPE_Q2_0_G128: launch<TYPE_Q2_0_G128>(s, d, n); break;
         case TYPE_PQ2_0: launch<TYPE_PQ2_0>(s, d, n); break;
         case TYPE_PTQ1_0: launch<TYPE_PTQ1_0>(s, d, n); break;
+        case TYPE_PTQ1_0_X8:  // checked before the copy below
+            break;
     }
     check_cuda(cudaGetLastError(), "kernel launch");
     check_cuda(cudaMemcpy(host_dst, dst.ptr, out_bytes, cudaMemcpyDeviceToHost),
