@@ -414,6 +414,14 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
     // One token at a time: two or more tokens normally go to the GEMM (matmul_int8_gemm_impl.h),
     // which unpacks each weight once for all of them; this loop is its exact (slower) equivalent.
     const int64_t prefetch_stride = kPrefetchRows * rb;
+    // The tiles prefetch kPrefetchRows rows ahead, so a range starts cold: its first rows (one
+    // contiguous span) are prefetched at once, their fetches overlapping instead of queueing behind
+    // the first tile's misses.
+    {
+        const uint8_t* p = base + r0 * rb;
+        const uint8_t* e = base + std::min(r1, r0 + kPrefetchRows) * rb;
+        for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+    }
     // A weight of fewer than 4 rows runs one row at a time (stride 0: four copies of the row).
     const int64_t step = rows < 4 ? 1 : 4, stride = rows < 4 ? 0 : rb;
     for (int64_t t = 0; t < a.n_tokens; ++t) {
