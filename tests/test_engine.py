@@ -422,19 +422,21 @@ def test_streamed_weights_copied_into_huge_pages(model_dir, tied):
     assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
 
 
-def test_repacked_ptq1_0_decodes_to_the_same_bits(tmp_path):
-    # On the AVX-512 path the PTQ1_0 matrices of 1024 or more columns (here every linear weight and
-    # the head: 9 blocks per row, one 8-block group and one block more) are regrouped while they are
-    # copied into huge pages (PTQ1_0_X8); prompts (the GEMM) and single tokens must decode to the
-    # bits of the weights as the file has them, with INT8 and float activations.
+@pytest.mark.parametrize("head_type", ["PTQ1_0", "Q8_0"])
+def test_repacked_weights_decode_to_the_same_bits(tmp_path, head_type):
+    # On the AVX-512 path the PTQ1_0 matrices of 1024 or more columns (here every linear weight: 9
+    # blocks a row, one 8-block group and one block more) are regrouped and the Q8_0 ones (the head;
+    # 514 rows, two past the last 4-row tile) interleaved while they are copied into huge pages
+    # (backends/cpu/repack.h); prompts (the GEMM) and single tokens must decode to the bits of the
+    # weights in the file's order, with INT8 and float activations.
     from bonsai_runner.gguf_reader import open_gguf
     from synthetic_gguf import write_synthetic_model
 
-    path = str(write_synthetic_model(tmp_path / "x8.gguf", "llama", hidden=1152, ffn=1024, n_layer=2, n_head=9,
-                                     n_head_kv=3, vocab=512, wtype="PTQ1_0", emb_type="F16", head_type="PTQ1_0"))
+    path = str(write_synthetic_model(tmp_path / "rp.gguf", "llama", hidden=1152, ffn=1024, n_layer=2, n_head=9,
+                                     n_head_kv=3, vocab=514, wtype="PTQ1_0", emb_type="F16", head_type=head_type))
     repacked, plain = _core.Model(path), _core.Model(path, repack=False)
     with open_gguf(path) as g:
-        want = sum(t.nbytes for t in g.tensors if t.type_name == "PTQ1_0" and t.ne[0] >= 1024)
+        want = sum(t.nbytes for t in g.tensors if (t.type_name == "PTQ1_0" and t.ne[0] >= 1024) or t.type_name == "Q8_0")
     assert want > 0
     applies = _core.cpu_path() == "avx512" and _huge_pages_available()
     assert repacked.memory_report()["repacked_bytes"] == (want if applies else 0)

@@ -215,9 +215,10 @@ std::vector<Flag> make_flags(RunOptions& o) {
         {{"--no-huge-pages"}, "", "decode from the file mapping: by default the weights the CPU reads for every "
          "token are copied into 2 MiB pages (Linux transparent huge pages, when the copy takes at most half "
          "of the available memory), which decode reads faster", nullptr, [&o](bool b) { o.huge_pages = !b; }},
-        {{"--no-repack"}, "", "copy PTQ1_0 weights into huge pages as they are in the file: by default, on "
-         "AVX-512 CPUs, matrices of 1024 or more columns are regrouped 8 blocks at a time for a faster "
-         "one-token kernel (same bytes, same results)", nullptr, [&o](bool b) { o.repack = !b; }},
+        {{"--no-repack"}, "", "copy the weights into huge pages in the file's order: by default, on AVX-512 "
+         "CPUs, PTQ1_0 matrices of 1024 or more columns are regrouped 8 blocks at a time and Q8_0 ones "
+         "interleaved 4 rows at a time, which the kernels read faster (same bytes, same results)", nullptr,
+         [&o](bool b) { o.repack = !b; }},
         {{"-np", "--parallel"}, "N", "N > 1: every non-blank line of -f FILE is its own prompt, N decoded "
          "together by continuous batching; -c is the context of EACH slot (the KV cache holds N x c tokens); "
          "prompt i samples with seed + i; outputs print as they finish, lines prefixed [i] (default 1)",

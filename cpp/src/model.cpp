@@ -9,7 +9,7 @@
 #include <sstream>
 #include <thread>
 
-#include "../backends/cpu/ptq1_0_x8.h"
+#include "../backends/cpu/repack.h"
 #include "arch/arch.h"
 #ifdef BONSAI_CUDA
 #include "bonsai/cuda/dequantize.h"
@@ -243,9 +243,9 @@ void Model::bind_hadamard() {
 // when it would take more than half of the available memory (a model that barely fits is left
 // to the page cache, which can give its pages back). The mapping's pages of the copied weights are
 // advised away once the copy is done, so the process does not hold both. On the AVX-512 path the
-// PTQ1_0 matrices of 8 or more blocks per row are written in the X8 order on the way
-// (backends/cpu/ptq1_0_x8.h; --no-repack keeps the file's order), which the one-token kernel reads
-// with fewer unpacking steps; the kernels of every other path convert them back as they read.
+// PTQ1_0 and Q8_0 matrices are written in the CPU backend's own orders on the way
+// (backends/cpu/repack.h; --no-repack keeps the file's order), which its AVX-512 kernels read
+// faster; the kernels of every other path convert them back as they read.
 void Model::copy_to_huge_pages() {
     std::vector<WeightView*> views;
     for (int64_t il = n_gpu_layers_; il < hp_.n_layer; ++il) {
@@ -258,32 +258,34 @@ void Model::copy_to_huge_pages() {
         views.push_back(&output_);
         if (hp_.tied_output) views.push_back(&tok_embd_);  // the same bytes: one copy for both
     }
-    // PTQ1_0 matrices of whole 8-block groups are regrouped on the way (PTQ1_0_X8), unless the head
-    // is tied: the embedding lookup reads those bytes too.
-    const bool regroup = params_.repack && active_cpu_path() == CpuPath::AVX512;
-    auto regrouped = [&](const WeightView* v) {
-        return regroup && v->type == TYPE_PTQ1_0 && v->cols >= 8 * QK_PTQ1_0 &&
+    // PTQ1_0 and Q8_0 matrices are repacked on the way (PTQ1_0_X8, Q8_0_R4), unless the head is tied:
+    // the embedding lookup reads those bytes too.
+    const bool repack = params_.repack && active_cpu_path() == CpuPath::AVX512;
+    auto repacked = [&](const WeightView* v) {
+        return repack && cpu::repacked_type(v->type, v->cols) != v->type &&
                !(hp_.tied_output && (v == &output_ || v == &tok_embd_));
     };
     struct Piece {
         const uint8_t* src;
         size_t off, bytes;
-        int64_t rows = 0;  // > 0: regrouped row by row (row_bytes each)
+        int64_t rows = 0;  // > 0: repacked four rows at a time (row_bytes each)
         size_t row_bytes = 0;
+        GgmlType type = TYPE_F32;
     };
     std::vector<Piece> pieces;             // each source once (a tied head and embedding share one)
     std::map<const void*, size_t> offset;  // source -> its offset in the copy
     size_t total = 0;
-    uint64_t repacked = 0;
+    uint64_t repacked_bytes = 0;
     for (const WeightView* v : views) {
         if (!v->data || v->rows <= 0 || offset.count(v->data)) continue;
         const size_t bytes = static_cast<size_t>(v->rows) * v->row_bytes;
         offset[v->data] = total;
         Piece pc{static_cast<const uint8_t*>(v->data), total, bytes};
-        if (regrouped(v)) {
+        if (repacked(v)) {
             pc.rows = v->rows;
             pc.row_bytes = v->row_bytes;
-            repacked += bytes;
+            pc.type = v->type;
+            repacked_bytes += bytes;
         }
         pieces.push_back(pc);
         total += (bytes + 63) / 64 * 64;
@@ -304,7 +306,8 @@ void Model::copy_to_huge_pages() {
     constexpr size_t kSlice = size_t{2} << 20;
     const size_t n_threads = std::clamp<size_t>(total / (64u << 20), 1, std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
     const size_t per = (total / n_threads + kSlice - 1) / kSlice * kSlice;
-    // A thread writes the bytes [lo, hi) of plain pieces and the rows of regrouped ones that start there.
+    // A thread writes the bytes [lo, hi) of plain pieces and the 4-row tiles of repacked ones that
+    // start there.
     auto copy_range = [&](size_t lo, size_t hi) {
         for (const Piece& pc : pieces) {
             const size_t b = std::max(lo, pc.off), e = std::min(hi, pc.off + pc.bytes);
@@ -313,9 +316,10 @@ void Model::copy_to_huge_pages() {
                 std::memcpy(buf.data() + b, pc.src + (b - pc.off), e - b);
                 continue;
             }
-            const int64_t nb = static_cast<int64_t>(pc.row_bytes / sizeof(block_ptq1_0));
-            for (size_t r = (b - pc.off + pc.row_bytes - 1) / pc.row_bytes; pc.off + r * pc.row_bytes < e; ++r)
-                cpu::pack_ptq1_0_x8_row(pc.src + r * pc.row_bytes, buf.data() + pc.off + r * pc.row_bytes, nb);
+            const size_t tile = 4 * pc.row_bytes;
+            for (size_t k = (b - pc.off + tile - 1) / tile; pc.off + k * tile < e; ++k)
+                cpu::repack_rows(pc.type, pc.src, buf.data() + pc.off, pc.rows, static_cast<int64_t>(pc.row_bytes),
+                                 static_cast<int64_t>(4 * k), std::min<int64_t>(pc.rows, static_cast<int64_t>(4 * k + 4)));
         }
     };
     std::vector<std::thread> threads;
@@ -326,11 +330,11 @@ void Model::copy_to_huge_pages() {
     for (const Piece& pc : pieces) gguf_->mapping()->advise_unneeded(pc.src, pc.bytes);
     for (WeightView* v : views) {
         if (!v->data || v->rows <= 0) continue;
-        if (regrouped(v)) v->type = TYPE_PTQ1_0_X8;
+        if (repacked(v)) v->type = cpu::repacked_type(v->type, v->cols);
         v->data = buf.data() + offset.at(v->data);
     }
     cpu_weights_ = std::move(buf);
-    repacked_bytes_ = repacked;
+    repacked_bytes_ = repacked_bytes;
 }
 
 // Offload policy: n_gpu_layers -1 or above n_layer means every layer. Without a CUDA backend or
@@ -392,7 +396,7 @@ std::string Model::memory_table() const {
                       static_cast<double>(r.huge_page_bytes) / 1048576.0);
         os << line;
         if (r.repacked_bytes > 0) {
-            std::snprintf(line, sizeof line, " (%.1f MiB of PTQ1_0 regrouped for the AVX-512 decode kernel)",
+            std::snprintf(line, sizeof line, " (%.1f MiB of it repacked for the AVX-512 kernels)",
                           static_cast<double>(r.repacked_bytes) / 1048576.0);
             os << line;
         }

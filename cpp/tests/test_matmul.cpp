@@ -1,8 +1,8 @@
 // C++ unit test of the thread pool and the CPU matmul: chunk coverage, exceptions and nesting in
 // ThreadPool; INT8 results bit-identical across every available path and thread count, close to a
 // double-precision reference built from the scalar block unpacker; matmul_shared_input equal bit for
-// bit to separate matmul calls; shape errors throw; PTQ1_0 rows regrouped in memory (PTQ1_0_X8) give
-// PTQ1_0's results bit for bit on every path.
+// bit to separate matmul calls; shape errors throw; repacked weights (PTQ1_0_X8, Q8_0_R4) give the
+// file types' results bit for bit on every path.
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -18,7 +18,7 @@
 #include "../backends/cpu/block_unpack.h"
 #include "../backends/cpu/cpu_features.h"
 #include "../backends/cpu/matmul_jobs.h"
-#include "../backends/cpu/ptq1_0_x8.h"
+#include "../backends/cpu/repack.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
 #include "bonsai/quants.h"
@@ -309,28 +309,35 @@ static void test_one_token_takeover() {
     cpu::set_one_token_worker_delay_for_tests(0);
 }
 
-// PTQ1_0_X8 (ptq1_0_x8.h): the regrouping is undone exactly; every path, mode, token count and
-// thread count gives, from X8 rows, exactly what it gives from the PTQ1_0 rows (INT8: the scalar
-// PTQ1_0 reference), for rows of whole groups, of groups and 1..7 more blocks, and of fewer than 8
-// blocks; get_rows agrees; no path reads past X8 weights that end at an inaccessible page.
-static void test_ptq1_0_x8() {
+// Repacked weights (repack.h: PTQ1_0_X8, Q8_0_R4): the reordering is undone exactly, for whole
+// matrices and for row ranges; every path, mode, token count and thread count gives from the
+// repacked rows exactly what it gives from the file's (INT8: the scalar reference), for rows of
+// whole units and of units and one block or more, row counts that are and are not multiples of 4;
+// get_rows agrees; no path reads past repacked weights that end at an inaccessible page.
+static void test_repacked() {
+    CHECK(cpu::repacked_type(TYPE_PTQ1_0, 896) == TYPE_PTQ1_0 && cpu::repacked_type(TYPE_Q8_0, 32) == TYPE_Q8_0);
+    CHECK(cpu::repacked_type(TYPE_TQ2_0, 4096) == TYPE_TQ2_0 && !cpu::is_repacked(TYPE_Q8_0));
     std::mt19937 rng(8);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     ThreadPool pool1(1), pool2(2);
-    for (int64_t cols : {1024, 1152, 2048, 2432, 2944, 896}) {
-        const int64_t nb = cols / 128;
-        for (int64_t rows : {1, 3, 29}) {
-            std::vector<uint8_t> w = random_weight(TYPE_PTQ1_0, rows, cols, rng), wx(w.size()), back(w.size());
-            const size_t rb = type_row_bytes(TYPE_PTQ1_0, cols);
-            for (int64_t r = 0; r < rows; ++r) {
-                cpu::pack_ptq1_0_x8_row(w.data() + r * rb, wx.data() + r * rb, nb);
-                cpu::unpack_ptq1_0_x8_row(wx.data() + r * rb, back.data() + r * rb, nb);
-            }
+    const Case cases[] = {{TYPE_PTQ1_0, 1024}, {TYPE_PTQ1_0, 1152}, {TYPE_PTQ1_0, 2048}, {TYPE_PTQ1_0, 2432},
+                          {TYPE_PTQ1_0, 2944}, {TYPE_Q8_0, 64},     {TYPE_Q8_0, 96},     {TYPE_Q8_0, 2048},
+                          {TYPE_Q8_0, 2080}};
+    for (const Case& c : cases) {
+        const GgmlType rt = cpu::repacked_type(c.type, c.cols);
+        CHECK(rt != c.type && cpu::file_type(rt) == c.type);
+        for (int64_t rows : {1, 3, 4, 29}) {
+            std::vector<uint8_t> w = random_weight(c.type, rows, c.cols, rng), wx(w.size()), back(w.size());
+            const size_t rb = type_row_bytes(c.type, c.cols);
+            cpu::repack_rows(c.type, w.data(), wx.data(), rows, static_cast<int64_t>(rb), 0, rows);
+            const WeightView wv{c.type, w.data(), rows, c.cols, rb}, xv{rt, wx.data(), rows, c.cols, rb};
+            cpu::unpack_rows(xv, 0, rows, back.data());
             CHECK(back == w);
-            CHECK((nb < 8) == (wx == w));
-            const WeightView wv{TYPE_PTQ1_0, w.data(), rows, cols, rb}, xv{TYPE_PTQ1_0_X8, wx.data(), rows, cols, rb};
+            cpu::unpack_rows(xv, 1, rows, back.data());
+            CHECK(std::equal(w.begin() + static_cast<int64_t>(rb), w.end(), back.begin()));
+            if (c.type == TYPE_PTQ1_0 || (rows >= 4 && c.cols > 64)) CHECK(wx != w);  // (one unit a row: the same order)
             for (int64_t nt : {1, 2, 7}) {
-                std::vector<float> x(static_cast<size_t>(nt * cols));
+                std::vector<float> x(static_cast<size_t>(nt * c.cols));
                 for (auto& v : x) v = nd(rng);
                 std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
                 matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
@@ -349,19 +356,19 @@ static void test_ptq1_0_x8() {
                     CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
                 }
             }
-            const int32_t ids[2] = {0, static_cast<int32_t>(rows - 1)};
-            std::vector<float> gr(static_cast<size_t>(2 * cols)), gx(gr.size());
-            get_rows(wv, ids, 2, gr.data());
-            get_rows(xv, ids, 2, gx.data());
+            const int32_t ids[3] = {0, static_cast<int32_t>(rows - 1), static_cast<int32_t>(rows / 2)};
+            std::vector<float> gr(static_cast<size_t>(3 * c.cols)), gx(gr.size());
+            get_rows(wv, ids, 3, gr.data());
+            get_rows(xv, ids, 3, gx.data());
             CHECK(gr == gx);
         }
     }
 #if defined(__unix__)
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    for (int64_t cols : {1024, 1408}) {
-        const int64_t rows = 7, nb = cols / 128;
-        const size_t rb = type_row_bytes(TYPE_PTQ1_0, cols);
-        std::vector<uint8_t> w = random_weight(TYPE_PTQ1_0, rows, cols, rng);
+    for (const Case& c : {Case{TYPE_PTQ1_0, 1024}, Case{TYPE_PTQ1_0, 1408}, Case{TYPE_Q8_0, 2080}}) {
+        const int64_t rows = 7;
+        const size_t rb = type_row_bytes(c.type, c.cols);
+        std::vector<uint8_t> w = random_weight(c.type, rows, c.cols, rng);
         const size_t pages = (w.size() + page - 1) / page + 1;
         void* mem = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         CHECK(mem != MAP_FAILED);
@@ -369,10 +376,10 @@ static void test_ptq1_0_x8() {
         uint8_t* guard = static_cast<uint8_t*>(mem) + (pages - 1) * page;
         mprotect(guard, page, PROT_NONE);
         uint8_t* data = guard - w.size();
-        for (int64_t r = 0; r < rows; ++r) cpu::pack_ptq1_0_x8_row(w.data() + r * rb, data + r * rb, nb);
-        const WeightView xv{TYPE_PTQ1_0_X8, data, rows, cols, rb};
+        cpu::repack_rows(c.type, w.data(), data, rows, static_cast<int64_t>(rb), 0, rows);
+        const WeightView xv{cpu::repacked_type(c.type, c.cols), data, rows, c.cols, rb};
         for (int64_t nt : {1, 2, 17}) {
-            std::vector<float> x(static_cast<size_t>(nt * cols), 0.25f), y(static_cast<size_t>(nt * rows));
+            std::vector<float> x(static_cast<size_t>(nt * c.cols), 0.25f), y(static_cast<size_t>(nt * rows));
             for (CpuPath p : available_cpu_paths())
                 for (ActMode mode : {ActMode::INT8, ActMode::FLOAT}) matmul_on_path(xv, x.data(), nt, y.data(), mode, pool2, p);
         }
@@ -387,7 +394,7 @@ int main() {
     test_int8_paths();
     test_no_read_past_end();
     test_shared_input();
-    test_ptq1_0_x8();
+    test_repacked();
     test_errors_and_paths();
     if (g_failures) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);

@@ -4,11 +4,8 @@
 
 #include <cstring>
 
-#include <vector>
-
 #include "bonsai/quant_blocks.h"
 #include "bonsai/quants.h"
-#include "ptq1_0_x8.h"
 
 namespace bonsai::cpu {
 
@@ -85,13 +82,6 @@ float unpack_block(GgmlType type, const uint8_t* p, int8_t* v) {
 }
 
 void dequantize_row_cpu(GgmlType type, const uint8_t* row, int64_t cols, float* out) {
-    if (type == TYPE_PTQ1_0_X8) {  // regrouped in memory: back to PTQ1_0 first
-        static thread_local std::vector<uint8_t> buf;
-        buf.resize(type_row_bytes(TYPE_PTQ1_0, cols));
-        unpack_ptq1_0_x8_row(row, buf.data(), cols / QK_PTQ1_0);
-        dequantize_row_cpu(TYPE_PTQ1_0, buf.data(), cols, out);
-        return;
-    }
     switch (type) {
         case TYPE_F32:
             std::memcpy(out, row, static_cast<size_t>(cols) * sizeof(float));

@@ -7,6 +7,7 @@
 #include "block_unpack.h"
 #include "bonsai/quant_blocks.h"
 #include "ptq1_0_x8.h"
+#include "repack.h"
 
 namespace bonsai::cpu {
 
@@ -132,7 +133,7 @@ const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens)
 }
 
 const Int8Layout* int8_layout(GgmlType type) {
-    if (type == TYPE_PTQ1_0_X8) type = TYPE_PTQ1_0;
+    type = file_type(type);  // repacked weights (repack.h): their codes are the file type's
     static const struct Table {
         Int8Layout l[8];
         GgmlType t[8];

@@ -52,8 +52,8 @@ struct Int8Layout {
 // Layout of a quantized type the INT8 kernels run; nullptr for anything else.
 const Int8Layout* int8_layout(GgmlType type);
 // The layout the kernel of `path` reads for n_tokens tokens: int8_layout(type), except the
-// one-token AVX-512 variants of PTQ1_0 and PTQ1_0_X8 (see above). int8_layout(PTQ1_0_X8) is
-// PTQ1_0's.
+// one-token AVX-512 variants of PTQ1_0 and PTQ1_0_X8 (see above). A repacked type's int8_layout
+// (repack.h) is its file type's.
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens);
 
 }  // namespace bonsai::cpu

@@ -26,7 +26,7 @@
 #include "matmul_int8_gemm.h"
 #include "matmul_jobs.h"
 #include "matmul_kernels.h"
-#include "ptq1_0_x8.h"
+#include "repack.h"
 
 namespace bonsai::cpu {
 
@@ -152,10 +152,10 @@ struct Collector {
 
 namespace {
 
-// PTQ1_0_X8 rows for a kernel that reads PTQ1_0 only (every kernel but the one-token AVX-512 one
-// and the AVX-512 GEMM): converted back, kConvertTiles tiles at a time, into a thread-local buffer
-// seen through a view that puts row r at the same index (with 64 bytes to spare on either side, as
-// loads near a row's ends may reach past them), then run as PTQ1_0.
+// Repacked rows (repack.h) for a kernel that reads the file's layout only (every kernel but the
+// AVX-512 ones): converted back, kConvertTiles tiles at a time, into a thread-local buffer seen
+// through a view that puts row r at the same index (with 64 bytes to spare on either side, as loads
+// near a row's ends may reach past them), then run as the file's type.
 void run_rows_converted(const Job& j, int64_t tile_begin, int64_t tile_end, float* y) {
     constexpr int64_t kConvertTiles = 64;
     static thread_local std::vector<uint8_t> rows_buf;
@@ -164,9 +164,9 @@ void run_rows_converted(const Job& j, int64_t tile_begin, int64_t tile_end, floa
         const int64_t t1 = std::min(tile_end, t0 + kConvertTiles);
         const int64_t r0 = t0 * kRowTile, r1 = std::min(t1 * kRowTile, j.w.rows);
         uint8_t* buf = static_cast<uint8_t*>(grow_scratch(rows_buf, static_cast<size_t>((r1 - r0) * rb + 128))) + 64;
-        unpack_ptq1_0_x8_rows(static_cast<const uint8_t*>(j.w.data), rb, r0, r1, buf);
+        unpack_rows(j.w, r0, r1, buf);
         Job c = j;
-        c.w.type = TYPE_PTQ1_0;
+        c.w.type = file_type(j.w.type);
         c.w.data = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(buf) - static_cast<uintptr_t>(r0 * rb));
         run_rows(c, t0, t1, y);
     }
@@ -176,7 +176,10 @@ void run_rows_converted(const Job& j, int64_t tile_begin, int64_t tile_end, floa
 
 void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end, float* y) {
     const WeightView& w = j.w;
-    if (w.type == TYPE_PTQ1_0_X8 && !(j.act && j.act->layout->rest)) {
+    // AVX-512 reads repacked rows itself (PTQ1_0_X8 with its one-token layout; two or more tokens
+    // go to the GEMM before this)
+    const bool native = j.act && j.path == CpuPath::AVX512 && (w.type != TYPE_PTQ1_0_X8 || j.act->layout->rest);
+    if (is_repacked(w.type) && !native) {
         run_rows_converted(j, tile_begin, tile_end, y);
         return;
     }

@@ -36,6 +36,7 @@
 #include "bonsai/quants.h"
 #include "matmul_kernels.h"
 #include "ptq1_0_x8.h"
+#include "repack.h"
 
 #define BONSAI_AVX512 __attribute__((target(BONSAI_AVX512_TARGET)))
 
@@ -239,14 +240,16 @@ BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
 }
 
 // 4 rows x 1 token: rows p0, p0 + rb, p0 + 2 rb, p0 + 3 rb.
-// acc: the sum of the blocks before p0's (a PTQ1_0_X8 row's groups), zero for a whole row.
+// acc: the sum of the blocks before p0's (a PTQ1_0_X8 row's groups), zero for a whole row. ustride:
+// bytes from a row's unit to its next (0: the unit's size; a Q8_0_R4 tile: four units).
 template <class K, bool kEdge>
 BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act, const int32_t* asum, int64_t nb,
                                int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi,
-                               __m128 acc = _mm_setzero_ps()) {
+                               __m128 acc = _mm_setzero_ps(), int64_t ustride = 0) {
     static_assert(K::G <= 2 || K::kWide, "scales are read for units of at most two blocks or by load4x18");
     const int64_t nu = (nb + K::G - 1) / K::G;
     constexpr int64_t unit_bytes = static_cast<int64_t>(K::G) * K::kBytes;
+    const int64_t us = ustride ? ustride : unit_bytes;
     for (int64_t u = 0; u < nu; ++u) {
         const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
         const int8_t* au = act + u * K::C * 64;
@@ -256,7 +259,7 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act,
             __mmask64 top[4];
             __m512i key[4];
             for (int i = 0; i < 4; ++i) {
-                p[i] = p0 + i * rb + u * unit_bytes;
+                p[i] = p0 + i * rb + u * us;
                 prefetch_unit<K>(p[i] + prefetch_stride);
                 if constexpr (std::is_same_v<K, KPtq1>) src[i] = K::template load<kEdge>(p[i], lo, hi);
                 else src[i] = K::load(p[i], nin, u + 1 < nu);
@@ -270,7 +273,7 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act,
             }
         } else {
             for (int i = 0; i < 4; ++i) {
-                p[i] = p0 + i * rb + u * unit_bytes;
+                p[i] = p0 + i * rb + u * us;
                 prefetch_unit<K>(p[i] + prefetch_stride);
                 if constexpr (K::kWide) src[i] = load4x18(p[i], nin, raw[i]);
                 else if constexpr (K::kRaw) src[i] = K::load(p[i], nin, raw[i]);
@@ -307,8 +310,9 @@ BONSAI_AVX512 inline __m512i trit0_thresholds(__m512i src) {
     return _mm512_add_epi8(a, b);
 }
 
-// Tag of PTQ1_0_X8 rows in run_int8.
+// Tags of the repacked types (repack.h) in run_int8.
 struct KPtq1X8 {};
+struct KQ8R4 {};
 
 // PTQ1_0_X8, 4 rows x 1 token (int8_layout.h, ptq1_0_x8.h). Per group: each of the three qs
 // vectors of the four rows is unpacked trit by trit into two accumulators per row (even and odd
@@ -406,7 +410,8 @@ template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows, rb = static_cast<int64_t>(w.row_bytes);
     constexpr bool kX8 = std::is_same_v<K, KPtq1X8>;
-    using KU = std::conditional_t<kX8, KPtq1, K>;  // X8: the PTQ1_0 units after the groups
+    // X8: the PTQ1_0 units after the groups; R4: Q8_0 units
+    using KU = std::conditional_t<kX8, KPtq1, std::conditional_t<std::is_same_v<K, KQ8R4>, KQ8, K>>;
     const int64_t head = kX8 ? nb / kX8Blocks * kX8Bytes : 0;  // bytes of a row's groups
     const int64_t nu = (nb - (kX8 ? nb / kX8Blocks * kX8Blocks : 0) + KU::G - 1) / KU::G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
@@ -421,6 +426,34 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
         const uint8_t* p = base + r0 * rb;
         const uint8_t* e = base + std::min(r1, r0 + kPrefetchRows) * rb;
         for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+    }
+    if constexpr (std::is_same_v<K, KQ8R4>) {  // full tiles interleaved, the rows after them one at a time
+        const Interleave il = interleave_of(TYPE_Q8_0_R4, rb);
+        const int64_t lead_units = il.lead / il.unit, full = rows / 4 * 4;
+        for (int64_t t = 0; t < a.n_tokens; ++t) {
+            const int8_t* act = a.slots + t * a.slot_bytes;
+            const int32_t* asum = a.asum + t * nb;
+            for (int64_t r = r0; r < r1;) {
+                const uint8_t* p0 = base + r * rb;
+                const int64_t n_out = r + 4 <= full ? 4 : 1;
+                __m128 v;
+                if (n_out == 4) {
+                    v = tile_rows<KQ8, false>(p0, il.unit, act, asum, 2 * lead_units, prefetch_stride, base, end,
+                                              _mm_setzero_ps(), 4 * il.unit);
+                    if (nb > 2 * lead_units)  // an odd last block, row after row after the units
+                        v = tile_rows<KQ8, false>(p0 + 4 * il.lead, rb - il.lead, act + lead_units * 64,
+                                                  asum + 2 * lead_units, nb - 2 * lead_units, prefetch_stride, base,
+                                                  end, v);
+                } else {
+                    v = tile_rows<KQ8, false>(p0, 0, act, asum, nb, prefetch_stride, base, end);
+                }
+                alignas(16) float out[4];
+                _mm_store_ps(out, _mm_mul_ps(v, _mm_set1_ps(a.scale[t])));
+                for (int64_t i = 0; i < n_out; ++i) y[t * rows + r + i] = out[i];
+                r += n_out;
+            }
+        }
+        return;
     }
     // A weight of fewer than 4 rows runs one row at a time (stride 0: four copies of the row).
     const int64_t step = rows < 4 ? 1 : 4, stride = rows < 4 ? 0 : rb;
@@ -441,8 +474,8 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
                 v = K::edge(p0, stride, nu, base, end)
                         ? tile_rows<K, true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
                         : tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
-            } else {
-                v = tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
+            } else {  // (KU: R4 returned above)
+                v = tile_rows<KU, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
             }
             alignas(16) float out[4];
             _mm_store_ps(out, _mm_mul_ps(v, _mm_set1_ps(a.scale[t])));
@@ -464,6 +497,7 @@ BONSAI_AVX512 void BONSAI_AVX512_ENTRY(const WeightView& w, const ActInt8& a, in
         case TYPE_PQ2_0: run_int8<KQ2g128>(w, a, r0, r1, y); break;
         case TYPE_Q4_0: run_int8<KQ4>(w, a, r0, r1, y); break;
         case TYPE_Q8_0: run_int8<KQ8>(w, a, r0, r1, y); break;
+        case TYPE_Q8_0_R4: run_int8<KQ8R4>(w, a, r0, r1, y); break;
         default: break;
     }
 }

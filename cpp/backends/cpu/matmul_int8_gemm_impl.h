@@ -45,6 +45,7 @@
 #include "bonsai/types.h"
 #include "matmul_int8_gemm.h"
 #include "ptq1_0_x8.h"
+#include "repack.h"
 
 #define BONSAI_GEMM __attribute__((target(BONSAI_GEMM_TARGET)))
 
@@ -413,7 +414,8 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
     const Tiles& tiles = job.tiles;
     const int64_t nb = a.n_blocks, nu = a.n_units, rows = w.rows, groups = job.groups;
     const int64_t x8_units = std::is_same_v<K, GPtq1X8> ? nb / kX8Blocks * (kX8Blocks / K::G) : 0;
-    static thread_local std::vector<uint8_t> scratch_buf;
+    static thread_local std::vector<uint8_t> scratch_buf, rows_buf;
+    const bool interleaved = interleave_of(w.type, static_cast<int64_t>(w.row_bytes)).unit != 0;
     const int64_t max_group_tiles = (tiles.n + groups - 1) / groups;
     const size_t panel_bytes = static_cast<size_t>(job.chunk_units * K::G * block_panel);
     constexpr int64_t tile_acc = 2 * kMaxTile * 16;  // floats of a tile's accumulators
@@ -425,14 +427,22 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
         const int64_t k0 = grp * tiles.n / groups, k1 = (grp + 1) * tiles.n / groups;
         const uint8_t* rp[kPanelRows];
         alignas(64) int32_t offs[kPanelRows];
+        // interleaved rows (Q8_0_R4) are read from a copy of the panel in the file's layout
+        const uint8_t* rows_base = base + r0 * static_cast<int64_t>(w.row_bytes);
+        if (interleaved) {
+            const int64_t r1 = std::min(rows, r0 + kPanelRows);
+            uint8_t* copy = aligned_scratch(rows_buf, static_cast<size_t>((r1 - r0) * w.row_bytes) + 64);
+            unpack_rows(w, r0, r1, copy);
+            rows_base = copy;
+        }
         for (int i = 0; i < kPanelRows; ++i) {  // rows past the end repeat the last one
-            rp[i] = base + std::min(r0 + i, rows - 1) * static_cast<int64_t>(w.row_bytes);
+            rp[i] = rows_base + (std::min(r0 + i, rows - 1) - r0) * static_cast<int64_t>(w.row_bytes);
             offs[i] = static_cast<int32_t>(rp[i] - rp[i < kHalfRows ? 0 : kHalfRows]);
         }
         const __m512i vidx0 = _mm512_load_si512(offs), vidx1 = _mm512_load_si512(offs + kHalfRows);
         // The next panel's rows (one contiguous range) are prefetched in step with this one's units:
         // 16 interleaved row streams are more than the hardware prefetchers follow.
-        const char* next = reinterpret_cast<const char*>(rp[0]) + kPanelRows * static_cast<int64_t>(w.row_bytes);
+        const char* next = reinterpret_cast<const char*>(base + (r0 + kPanelRows) * static_cast<int64_t>(w.row_bytes));
         const int64_t next_lines = r0 + 2 * kPanelRows <= rows ? kPanelRows * static_cast<int64_t>(w.row_bytes) / 64 : 0;
         std::fill(acc, acc + (k1 - k0) * tile_acc, 0.0f);
         for (int64_t u0 = 0; u0 < nu; u0 += job.chunk_units) {
@@ -508,7 +518,8 @@ void BONSAI_GEMM_ENTRY(const WeightView& w, const ActInt8& a, float* y, ThreadPo
         case TYPE_Q2_0_G128:
         case TYPE_PQ2_0: run_gemm<GQ2g128>(w, a, y, pool); break;
         case TYPE_Q4_0: run_gemm<GQ4>(w, a, y, pool); break;
-        case TYPE_Q8_0: run_gemm<GQ8>(w, a, y, pool); break;
+        case TYPE_Q8_0:
+        case TYPE_Q8_0_R4: run_gemm<GQ8>(w, a, y, pool); break;
         default: throw Error("INT8 GEMM: unsupported weight type " + ggml_type_label(w.type));
     }
 }

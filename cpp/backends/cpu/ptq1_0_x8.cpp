@@ -47,9 +47,4 @@ void unpack_ptq1_0_x8_row(const uint8_t* src, uint8_t* dst, int64_t n_blocks) {
     reorder_row<false>(src, dst, n_blocks);
 }
 
-void unpack_ptq1_0_x8_rows(const uint8_t* data, int64_t row_bytes, int64_t r0, int64_t r1, uint8_t* dst) {
-    for (int64_t r = r0; r < r1; ++r)
-        unpack_ptq1_0_x8_row(data + r * row_bytes, dst + (r - r0) * row_bytes, row_bytes / kBlock);
-}
-
 }  // namespace bonsai::cpu

@@ -1,7 +1,7 @@
 // PTQ1_0 regrouped eight blocks at a time ("X8"): an in-memory layout of PTQ1_0 rows that the
 // AVX-512 one-token kernel reads with fewer unpacking steps. It never appears in a file: Model::load
-// writes it while copying the CPU's streamed weights into huge pages (llama.cpp's "repack", and
-// like it switched off with --no-repack), and views of such rows carry TYPE_PTQ1_0_X8.
+// writes it while copying the CPU's streamed weights into huge pages (repack.h), and views of such
+// rows carry TYPE_PTQ1_0_X8.
 //
 // A row keeps its size and its bytes; only their order changes. Each run of eight blocks (1024
 // weights, 224 bytes) becomes one group:
@@ -32,9 +32,5 @@ constexpr int x8_qs_pos(int b, int j) { return 64 * (j / 8) + 4 * (b + 8 * (j / 
 // One row of n_blocks PTQ1_0 blocks into the X8 order (src and dst must not overlap), and back.
 void pack_ptq1_0_x8_row(const uint8_t* src, uint8_t* dst, int64_t n_blocks);
 void unpack_ptq1_0_x8_row(const uint8_t* src, uint8_t* dst, int64_t n_blocks);
-
-// Rows [r0, r1) of an X8 weight (row_bytes each, starting at data) back into PTQ1_0 at dst
-// (row r at dst + (r - r0) * row_bytes), for the kernels that read PTQ1_0 only.
-void unpack_ptq1_0_x8_rows(const uint8_t* data, int64_t row_bytes, int64_t r0, int64_t r1, uint8_t* dst);
 
 }  // namespace bonsai::cpu

@@ -106,9 +106,9 @@ void cuda_dequantize(GgmlType type, const void* host_src, float* host_dst, int64
         throw Error("CUDA dequantize: " + std::to_string(n) +
                     " elements is not a multiple of the " + t->name + " block size " +
                     std::to_string(t->block_size));
-    if (type == TYPE_PTQ1_0_X8)
-        throw Error("CUDA dequantize: PTQ1_0_X8 is the CPU backend's in-memory order of PTQ1_0; pass the rows as "
-                    "PTQ1_0");
+    if (type == TYPE_PTQ1_0_X8 || type == TYPE_Q8_0_R4)
+        throw Error("CUDA dequantize: " + std::string(type == TYPE_Q8_0_R4 ? "Q8_0_R4" : "PTQ1_0_X8") +
+                    " is an in-memory order of the CPU backend; pass the rows in the file's type");
     if (n == 0) return;
     const size_t in_bytes = type_row_bytes(type, n);
     const size_t out_bytes = static_cast<size_t>(n) * sizeof(float);
@@ -131,6 +131,7 @@ void cuda_dequantize(GgmlType type, const void* host_src, float* host_dst, int64
         case TYPE_PQ2_0: launch<TYPE_PQ2_0>(s, d, n); break;
         case TYPE_PTQ1_0: launch<TYPE_PTQ1_0>(s, d, n); break;
         case TYPE_PTQ1_0_X8:  // checked before the copy below
+        case TYPE_Q8_0_R4:
             break;
     }
     check_cuda(cudaGetLastError(), "kernel launch");

@@ -39,9 +39,9 @@ struct ModelParams {
     // 2 MiB pages (Linux transparent huge pages), when the kernel offers them and the copy takes
     // at most half of the available memory (false: --no-huge-pages, decode straight from the mapping).
     bool huge_pages = true;
-    // While copying them, regroup the PTQ1_0 matrices of 1024 or more columns into the order the
-    // AVX-512 one-token kernel reads fastest (PTQ1_0_X8; same bytes, same results; only when the
-    // AVX-512 path is active; false: --no-repack, as llama.cpp's option of that name).
+    // While copying them, reorder the PTQ1_0 matrices of 1024 or more columns and the Q8_0 ones into
+    // the orders the AVX-512 kernels read fastest (backends/cpu/repack.h; same bytes, same results;
+    // only when the AVX-512 path is active; false: --no-repack, as llama.cpp's option of that name).
     bool repack = true;
     int n_gpu_layers = 0;        // the first n layers run on the GPU (CUDA builds); -1 or > n_layer = all
     std::string tokenizer_path;  // SentencePiece tokenizer.model overriding the embedded vocabulary
@@ -124,7 +124,7 @@ struct ModelMemory {
     uint64_t file_bytes = 0;
     bool mapped = true;                           // weights are in a file mapping (not a copy)
     uint64_t huge_page_bytes = 0;                 // of them, copied out of the mapping into huge pages
-    uint64_t repacked_bytes = 0;                  // of those, PTQ1_0 regrouped for the AVX-512 decode kernel
+    uint64_t repacked_bytes = 0;                  // of those, repacked for the AVX-512 kernels (--no-repack: 0)
     // GPU offload (CUDA builds): the first n_gpu_layers layers, and the output head when every
     // layer is offloaded, also live in one device allocation. The file mapping above still holds
     // every tensor on the host (offloaded pages are read once, for the upload).
@@ -193,7 +193,7 @@ private:
     int n_gpu_layers_ = 0;
     std::shared_ptr<const GpuModel> gpu_;  // device weights (CUDA builds with offloaded layers)
     HugeBuffer cpu_weights_;               // the copies made by copy_to_huge_pages (or empty)
-    uint64_t repacked_bytes_ = 0;          // of them, PTQ1_0 rows regrouped (PTQ1_0_X8)
+    uint64_t repacked_bytes_ = 0;          // of them, repacked (PTQ1_0_X8, Q8_0_R4)
 };
 
 }  // namespace bonsai

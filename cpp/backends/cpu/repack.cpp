@@ -1,0 +1,93 @@
+// The CPU backend's repacked weights (repack.h): which types, and the conversions both ways.
+#include "repack.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "bonsai/quant_blocks.h"
+#include "ptq1_0_x8.h"
+
+namespace bonsai::cpu {
+
+namespace {
+
+constexpr int64_t kQ8Unit = 2 * static_cast<int64_t>(sizeof(block_q8_0));  // two blocks, as the kernels read them
+
+// Tile rows (4 rows of rb bytes at src, row after row) into the interleaved order at dst, or back.
+void interleave_tile(const uint8_t* src, uint8_t* dst, int64_t rb, Interleave il, bool forward) {
+    const int64_t n_units = il.lead / il.unit, rest = rb - il.lead;
+    for (int64_t i = 0; i < 4; ++i) {
+        for (int64_t k = 0; k < n_units; ++k) {
+            const uint8_t* s = forward ? src + i * rb + k * il.unit : src + (4 * k + i) * il.unit;
+            uint8_t* d = forward ? dst + (4 * k + i) * il.unit : dst + i * rb + k * il.unit;
+            std::memcpy(d, s, static_cast<size_t>(il.unit));
+        }
+        const uint8_t* s = forward ? src + i * rb + il.lead : src + 4 * il.lead + i * rest;
+        uint8_t* d = forward ? dst + 4 * il.lead + i * rest : dst + i * rb + il.lead;
+        std::memcpy(d, s, static_cast<size_t>(rest));
+    }
+}
+
+}  // namespace
+
+GgmlType repacked_type(GgmlType type, int64_t cols) {
+    if (type == TYPE_PTQ1_0 && cols >= kX8Blocks * QK_PTQ1_0) return TYPE_PTQ1_0_X8;
+    if (type == TYPE_Q8_0 && cols >= 2 * QK8_0) return TYPE_Q8_0_R4;
+    return type;
+}
+
+GgmlType file_type(GgmlType type) {
+    if (type == TYPE_PTQ1_0_X8) return TYPE_PTQ1_0;
+    if (type == TYPE_Q8_0_R4) return TYPE_Q8_0;
+    return type;
+}
+
+bool is_repacked(GgmlType type) { return file_type(type) != type; }
+
+Interleave interleave_of(GgmlType type, int64_t row_bytes) {
+    if (type == TYPE_Q8_0_R4) return Interleave{kQ8Unit, row_bytes / kQ8Unit * kQ8Unit};
+    return Interleave{};
+}
+
+void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
+                 int64_t r1) {
+    const GgmlType type = repacked_type(file, row_bytes / static_cast<int64_t>(type_traits(file)->type_size) *
+                                                  type_traits(file)->block_size);
+    if (type == TYPE_PTQ1_0_X8) {
+        const int64_t nb = row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0));
+        for (int64_t r = r0; r < r1; ++r) pack_ptq1_0_x8_row(src + r * row_bytes, dst + r * row_bytes, nb);
+        return;
+    }
+    const Interleave il = interleave_of(type, row_bytes);
+    const int64_t full = rows / 4 * 4;
+    int64_t r = r0;
+    for (; r + 4 <= std::min(r1, full); r += 4)
+        interleave_tile(src + r * row_bytes, dst + r * row_bytes, row_bytes, il, true);
+    if (r < r1) std::memcpy(dst + r * row_bytes, src + r * row_bytes, static_cast<size_t>((r1 - r) * row_bytes));
+}
+
+void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst) {
+    const auto* data = static_cast<const uint8_t*>(w.data);
+    const int64_t rb = static_cast<int64_t>(w.row_bytes);
+    if (w.type == TYPE_PTQ1_0_X8) {
+        for (int64_t r = r0; r < r1; ++r)
+            unpack_ptq1_0_x8_row(data + r * rb, dst + (r - r0) * rb, rb / static_cast<int64_t>(sizeof(block_ptq1_0)));
+        return;
+    }
+    const Interleave il = interleave_of(w.type, rb);
+    const int64_t full = w.rows / 4 * 4;
+    std::vector<uint8_t> tile(il.unit ? static_cast<size_t>(4 * rb) : 0);
+    for (int64_t r = r0; r < r1;) {
+        if (r >= full || !il.unit) {
+            std::memcpy(dst + (r - r0) * rb, data + r * rb, static_cast<size_t>((r1 - r) * rb));
+            return;
+        }
+        const int64_t t = r / 4 * 4, e = std::min(r1, t + 4);
+        interleave_tile(data + t * rb, tile.data(), rb, il, false);
+        std::memcpy(dst + (r - r0) * rb, tile.data() + (r - t) * rb, static_cast<size_t>((e - r) * rb));
+        r = e;
+    }
+}
+
+}  // namespace bonsai::cpu
