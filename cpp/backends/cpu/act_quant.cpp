@@ -150,6 +150,26 @@ BONSAI_ACT_AVX2 void quantize_avx2(const float* x, int64_t n, float iscale, int8
 }
 #endif
 
+#if defined(__x86_64__) || defined(__i386__)
+// Whole units of a layout with a gather plan (int8_layout.h): one dword gather and one mask per
+// 16 dwords of slots. A dword may start up to 3 elements before a unit or end up to 3 after it:
+// those bytes are masked off, and they lie inside the activation buffer (q follows the scales and
+// is followed by the block sums, act_int8_setup).
+__attribute__((target("avx512f,avx512bw"))) void gather_units(const Int8Layout* l, const int8_t* q, int64_t n_units,
+                                                                int8_t* dst) {
+    const int64_t unit_elems = static_cast<int64_t>(l->G) * l->block_elems;
+    for (int64_t u = 0; u < n_units; ++u) {
+        const int8_t* qu = q + u * unit_elems;
+        int8_t* d = dst + u * l->C * 64;
+        for (int v = 0; v < l->C; ++v) {
+            const __m512i idx = _mm512_loadu_si512(l->gather_idx + 16 * v);
+            const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xFFFF, idx, qu, 1);
+            _mm512_storeu_si512(d + 64 * v, _mm512_and_si512(g, _mm512_loadu_si512(l->gather_mask + 64 * v)));
+        }
+    }
+}
+#endif
+
 // q[0..cols) in the slot order of layout l at dst: whole units, then a last partial one (its
 // missing elements read as zeros).
 void write_slots(const Int8Layout* l, const int8_t* q, int64_t cols, int8_t* dst) {
@@ -157,7 +177,14 @@ void write_slots(const Int8Layout* l, const int8_t* q, int64_t cols, int8_t* dst
     const int n_slots = l->C * 64;
     const int64_t n_units = (cols / l->block_elems + l->G - 1) / l->G;
     const int64_t full_units = cols / unit_elems;  // units whose blocks all exist
-    for (int64_t u = 0; u < n_units; ++u) {
+    int64_t u = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (l->gather_idx && cpu_has_avx512()) {
+        gather_units(l, q, full_units, dst);
+        u = full_units;
+    }
+#endif
+    for (; u < n_units; ++u) {
         const int8_t* qu = q + u * unit_elems;
         int8_t* d = dst + u * n_slots;
         if (u < full_units) {

@@ -2,6 +2,7 @@
 // bonsai/quant_blocks.h.
 #include "int8_layout.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "block_unpack.h"
@@ -75,6 +76,33 @@ int x8_element(int v, int p) {
 struct LayoutEntry {
     Int8Layout layout;
     std::vector<int16_t> map;
+    std::vector<int32_t> idx;   // the map as dword gathers (Int8Layout::gather_idx), empty if it is not one
+    std::vector<uint8_t> mask;
+    // Points the layout at map and, when every dword of slots is consecutive elements or padding,
+    // at its gather plan.
+    void finish() {
+        layout.slot_map = map.data();
+        idx.assign(map.size() / 4, 0);
+        mask.assign(map.size(), 0);
+        for (size_t j = 0; j < idx.size(); ++j) {
+            int base = -1;
+            for (int k = 0; k < 4; ++k) {
+                const int e = map[4 * j + k];
+                if (e < 0) continue;
+                if (base < 0 && k == 0) base = e;
+                if (base < 0) base = e - k;
+                if (e != base + k) {  // not a gather: the scalar copy
+                    idx.clear();
+                    mask.clear();
+                    return;
+                }
+                mask[4 * j + k] = 0xFF;
+            }
+            idx[j] = base;  // (-1 for an all-padding dword: masked, its bytes lie inside the buffer)
+        }
+        layout.gather_idx = idx.data();
+        layout.gather_mask = mask.data();
+    }
 };
 
 LayoutEntry make_entry(GgmlType type, int G, int C, int off, bool is_signed, bool shifted = false) {
@@ -85,40 +113,46 @@ LayoutEntry make_entry(GgmlType type, int G, int C, int off, bool is_signed, boo
         for (int p = 0; p < 64; ++p)
             e.map[v * 64 + p] = static_cast<int16_t>(shifted ? ptq1_element(v, p / 32, p < 32 ? p - 4 : p - 32)
                                                              : slot_element(type, v, p));
-    e.layout = Int8Layout{G, C, off, is_signed, bi->elems, bi->bytes, bi->d_offset, nullptr, nullptr};
+    e.layout = Int8Layout{G, C, off, is_signed, bi->elems, bi->bytes, bi->d_offset, nullptr, nullptr, nullptr, nullptr};
     return e;
 }
 
 // The one-token AVX-512 layout of PTQ1_0 (shifted), and of PTQ1_0_X8 (its rest: the shifted one).
+// (finish() runs on each entry in its final place: the layout points into the entry's vectors.)
 const Int8Layout* one_token_ptq1_0() {
-    static const LayoutEntry shifted = make_entry(TYPE_PTQ1_0, 2, 5, 1, false, true);
-    static const Int8Layout l = [] {
-        Int8Layout r = shifted.layout;
-        r.slot_map = shifted.map.data();
-        return r;
-    }();
-    return &l;
+    static LayoutEntry shifted = make_entry(TYPE_PTQ1_0, 2, 5, 1, false, true);
+    static const bool done = (shifted.finish(), true);
+    (void)done;
+    return &shifted.layout;
 }
 
 const Int8Layout* one_token_ptq1_0_x8() {
-    static const std::vector<int16_t> map = [] {
-        std::vector<int16_t> m(23 * 64);
+    static LayoutEntry x8;
+    static const bool done = [] {
+        x8.map.resize(23 * 64);
         for (int v = 0; v < 23; ++v)
-            for (int p = 0; p < 64; ++p) m[v * 64 + p] = static_cast<int16_t>(x8_element(v, p));
-        return m;
+            for (int p = 0; p < 64; ++p) x8.map[v * 64 + p] = static_cast<int16_t>(x8_element(v, p));
+        x8.layout = Int8Layout{kX8Blocks, 23, 1, false, QK_PTQ1_0, static_cast<int>(sizeof(block_ptq1_0)), -1,
+                               nullptr, one_token_ptq1_0(), nullptr, nullptr};
+        x8.finish();
+        return true;
     }();
-    static const Int8Layout l{kX8Blocks, 23, 1, false, QK_PTQ1_0, static_cast<int>(sizeof(block_ptq1_0)), -1,
-                              map.data(), one_token_ptq1_0()};
-    return &l;
+    (void)done;
+    return &x8.layout;
 }
 
 const LayoutEntry* entries() {
-    static const LayoutEntry table[] = {
+    static LayoutEntry table[] = {
         make_entry(TYPE_PTQ1_0, 2, 5, 1, false),     make_entry(TYPE_TQ1_0, 1, 5, 1, false),
         make_entry(TYPE_TQ2_0, 1, 4, 1, false),      make_entry(TYPE_Q2_0, 4, 4, 1, false),
         make_entry(TYPE_Q2_0_G128, 2, 4, 1, false),  make_entry(TYPE_PQ2_0, 2, 4, 1, false),
         make_entry(TYPE_Q4_0, 4, 2, 8, false),       make_entry(TYPE_Q8_0, 2, 1, 0, true),
     };
+    static const bool done = [] {
+        for (LayoutEntry& e : table) e.finish();
+        return true;
+    }();
+    (void)done;
     return table;
 }
 
@@ -143,7 +177,6 @@ const Int8Layout* int8_layout(GgmlType type) {
                                        TYPE_Q2_0_G128, TYPE_PQ2_0, TYPE_Q4_0, TYPE_Q8_0};
             for (int i = 0; i < 8; ++i) {
                 l[i] = e[i].layout;
-                l[i].slot_map = e[i].map.data();
                 t[i] = types[i];
             }
         }

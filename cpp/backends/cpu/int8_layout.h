@@ -47,6 +47,11 @@ struct Int8Layout {
     int d_offset;      // byte offset of the fp16 scale inside the block
     const int16_t* slot_map;  // C*64 entries: element index inside the unit, or -1 for padding
     const Int8Layout* rest;   // layout of the blocks after the last full unit; nullptr: a partial unit
+    // The slot map as dword gathers, where every 4 slots (a dword) hold consecutive elements or
+    // padding (nullptr otherwise): slots 4j..4j+3 = elements gather_idx[j] + 0..3 of the unit, each
+    // byte kept where gather_mask is 0xFF (C*16 indices, C*64 mask bytes).
+    const int32_t* gather_idx;
+    const uint8_t* gather_mask;
 };
 
 // Layout of a quantized type the INT8 kernels run; nullptr for anything else.
