@@ -98,6 +98,22 @@ static std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t c
     return w;
 }
 
+// w's INT8 result on every available path, with 1 and 2 threads and both AVX-512 base-3 unpackers,
+// equals ref bit for bit.
+static void check_int8_paths(const WeightView& w, const std::vector<float>& x, int64_t nt, const std::vector<float>& ref,
+                             ThreadPool& pool1, ThreadPool& pool2) {
+    std::vector<float> y(ref.size());
+    for (CpuPath p : available_cpu_paths())
+        for (ThreadPool* pool : {&pool1, &pool2})
+            for (bool vbmi : {false, true}) {
+                cpu::set_avx512_vbmi_enabled(vbmi);
+                std::fill(y.begin(), y.end(), -1.0f);
+                matmul_on_path(w, x.data(), nt, y.data(), ActMode::INT8, *pool, p);
+                CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+            }
+    cpu::set_avx512_vbmi_enabled(true);
+}
+
 static void test_int8_paths() {
     // Q2_0 / Q4_0 (four blocks per unit): row ends with 1, 2 and 3 blocks past the last full unit.
     const Case cases[] = {{TYPE_PTQ1_0, 384}, {TYPE_PTQ1_0, 2048}, {TYPE_TQ1_0, 512},  {TYPE_TQ2_0, 768},
@@ -115,15 +131,7 @@ static void test_int8_paths() {
             for (auto& v : x) v = nd(rng);
             std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
             matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
-            for (CpuPath p : available_cpu_paths())
-                for (ThreadPool* pool : {&pool1, &pool2})
-                    for (bool vbmi : {false, true}) {  // both AVX-512 base-3 unpackers
-                        cpu::set_avx512_vbmi_enabled(vbmi);
-                        std::fill(y.begin(), y.end(), -1.0f);
-                        matmul_on_path(wv, x.data(), nt, y.data(), ActMode::INT8, *pool, p);
-                        CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
-                    }
-            cpu::set_avx512_vbmi_enabled(true);
+            check_int8_paths(wv, x, nt, ref, pool1, pool2);
             // The kernels' block unpacker agrees with the reference dequantizer.
             std::vector<float> wd(static_cast<size_t>(c.cols)), wref(wd.size());
             for (int64_t r = 0; r < rows; ++r) {
@@ -151,16 +159,26 @@ static void test_int8_paths() {
 }
 
 // Weights that end exactly at a page followed by an inaccessible page: any kernel read past the
-// last block faults. Every type, path, mode and tile shape runs over them.
+// last block faults. Every type (and the repacked PTQ1_0 / Q8_0 orders), path, mode and tile shape runs over them.
 static void test_no_read_past_end() {
 #if defined(__unix__)
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const GgmlType types[] = {TYPE_PTQ1_0, TYPE_TQ1_0, TYPE_TQ2_0, TYPE_Q2_0, TYPE_Q2_0_G128, TYPE_PQ2_0,
-                              TYPE_Q4_0,   TYPE_Q8_0,  TYPE_F32,   TYPE_F16,  TYPE_BF16};
+    struct Weight {
+        GgmlType type;
+        int64_t cols;
+        bool repacked;  // stored as repacked_type (repack.h)
+    };
+    std::vector<Weight> weights;
+    for (GgmlType type : {TYPE_PTQ1_0, TYPE_TQ1_0, TYPE_TQ2_0, TYPE_Q2_0, TYPE_Q2_0_G128, TYPE_PQ2_0, TYPE_Q4_0,
+                          TYPE_Q8_0, TYPE_F32, TYPE_F16, TYPE_BF16})
+        weights.push_back({type, type_traits(type)->block_size == 256 ? 768 : 640, false});
+    for (const Weight& r : {Weight{TYPE_PTQ1_0, 1024, true}, Weight{TYPE_PTQ1_0, 1408, true}, Weight{TYPE_Q8_0, 2080, true}})
+        weights.push_back(r);
     std::mt19937 rng(3);
     ThreadPool pool(2);
-    for (GgmlType type : types) {
-        const int64_t cols = type_traits(type)->block_size == 256 ? 768 : 640, rows = 7;
+    for (const Weight& wt : weights) {
+        const GgmlType type = wt.type;
+        const int64_t cols = wt.cols, rows = 7;
         std::vector<uint8_t> w = random_weight(type, rows, cols, rng);
         const size_t pages = (w.size() + page - 1) / page + 1;
         void* mem = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -169,8 +187,12 @@ static void test_no_read_past_end() {
         uint8_t* guard = static_cast<uint8_t*>(mem) + (pages - 1) * page;
         mprotect(guard, page, PROT_NONE);
         uint8_t* data = guard - w.size();
-        std::memcpy(data, w.data(), w.size());
-        const WeightView wv{type, data, rows, cols, type_row_bytes(type, cols)};
+        const size_t rb = type_row_bytes(type, cols);
+        if (wt.repacked)
+            cpu::repack_rows(type, w.data(), data, rows, static_cast<int64_t>(rb), 0, rows);
+        else
+            std::memcpy(data, w.data(), w.size());
+        const WeightView wv{wt.repacked ? cpu::repacked_type(type, cols) : type, data, rows, cols, rb};
         for (int64_t nt : {1, 2, 3, 17}) {
             std::vector<float> x(static_cast<size_t>(nt * cols), 0.25f), y(static_cast<size_t>(nt * rows));
             for (CpuPath p : available_cpu_paths())
@@ -313,7 +335,7 @@ static void test_one_token_takeover() {
 // matrices and for row ranges; every path, mode, token count and thread count gives from the
 // repacked rows exactly what it gives from the file's (INT8: the scalar reference), for rows of
 // whole units and of units and one block or more, row counts that are and are not multiples of 4;
-// get_rows agrees; no path reads past repacked weights that end at an inaccessible page.
+// get_rows agrees (test_no_read_past_end covers them too).
 static void test_repacked() {
     CHECK(cpu::repacked_type(TYPE_PTQ1_0, 896) == TYPE_PTQ1_0 && cpu::repacked_type(TYPE_Q8_0, 32) == TYPE_Q8_0);
     CHECK(cpu::repacked_type(TYPE_TQ2_0, 4096) == TYPE_TQ2_0 && !cpu::is_repacked(TYPE_Q8_0));
@@ -341,15 +363,7 @@ static void test_repacked() {
                 for (auto& v : x) v = nd(rng);
                 std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
                 matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
-                for (CpuPath p : available_cpu_paths())
-                    for (ThreadPool* pool : {&pool1, &pool2})
-                        for (bool vbmi : {false, true}) {
-                            cpu::set_avx512_vbmi_enabled(vbmi);
-                            std::fill(y.begin(), y.end(), -1.0f);
-                            matmul_on_path(xv, x.data(), nt, y.data(), ActMode::INT8, *pool, p);
-                            CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
-                        }
-                cpu::set_avx512_vbmi_enabled(true);
+                check_int8_paths(xv, x, nt, ref, pool1, pool2);
                 for (CpuPath p : available_cpu_paths()) {
                     matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::FLOAT, pool2, p);
                     matmul_on_path(xv, x.data(), nt, y.data(), ActMode::FLOAT, pool2, p);
@@ -363,29 +377,6 @@ static void test_repacked() {
             CHECK(gr == gx);
         }
     }
-#if defined(__unix__)
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    for (const Case& c : {Case{TYPE_PTQ1_0, 1024}, Case{TYPE_PTQ1_0, 1408}, Case{TYPE_Q8_0, 2080}}) {
-        const int64_t rows = 7;
-        const size_t rb = type_row_bytes(c.type, c.cols);
-        std::vector<uint8_t> w = random_weight(c.type, rows, c.cols, rng);
-        const size_t pages = (w.size() + page - 1) / page + 1;
-        void* mem = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        CHECK(mem != MAP_FAILED);
-        if (mem == MAP_FAILED) return;
-        uint8_t* guard = static_cast<uint8_t*>(mem) + (pages - 1) * page;
-        mprotect(guard, page, PROT_NONE);
-        uint8_t* data = guard - w.size();
-        cpu::repack_rows(c.type, w.data(), data, rows, static_cast<int64_t>(rb), 0, rows);
-        const WeightView xv{cpu::repacked_type(c.type, c.cols), data, rows, c.cols, rb};
-        for (int64_t nt : {1, 2, 17}) {
-            std::vector<float> x(static_cast<size_t>(nt * c.cols), 0.25f), y(static_cast<size_t>(nt * rows));
-            for (CpuPath p : available_cpu_paths())
-                for (ActMode mode : {ActMode::INT8, ActMode::FLOAT}) matmul_on_path(xv, x.data(), nt, y.data(), mode, pool2, p);
-        }
-        munmap(mem, pages * page);
-    }
-#endif
 }
 
 int main() {
