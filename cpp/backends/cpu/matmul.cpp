@@ -148,10 +148,6 @@ struct Collector {
     }
 };
 
-}  // namespace
-
-namespace {
-
 // Repacked rows (repack.h) for a kernel that reads the file's layout only (every kernel but the
 // AVX-512 ones): converted back, kConvertTiles tiles at a time, into a thread-local buffer seen
 // through a view that puts row r at the same index (with 64 bytes to spare on either side, as loads

@@ -77,15 +77,20 @@ void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst) {
     }
     const Interleave il = interleave_of(w.type, rb);
     const int64_t full = w.rows / 4 * 4;
-    std::vector<uint8_t> tile(il.unit ? static_cast<size_t>(4 * rb) : 0);
+    std::vector<uint8_t> tile;  // only for a tile the range cuts (the GEMM's panels are whole tiles)
     for (int64_t r = r0; r < r1;) {
         if (r >= full || !il.unit) {
             std::memcpy(dst + (r - r0) * rb, data + r * rb, static_cast<size_t>((r1 - r) * rb));
             return;
         }
         const int64_t t = r / 4 * 4, e = std::min(r1, t + 4);
-        interleave_tile(data + t * rb, tile.data(), rb, il, false);
-        std::memcpy(dst + (r - r0) * rb, tile.data() + (r - t) * rb, static_cast<size_t>((e - r) * rb));
+        if (r == t && e == t + 4) {
+            interleave_tile(data + t * rb, dst + (r - r0) * rb, rb, il, false);
+        } else {
+            tile.resize(static_cast<size_t>(4 * rb));
+            interleave_tile(data + t * rb, tile.data(), rb, il, false);
+            std::memcpy(dst + (r - r0) * rb, tile.data() + (r - t) * rb, static_cast<size_t>((e - r) * rb));
+        }
         r = e;
     }
 }
