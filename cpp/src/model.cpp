@@ -18,7 +18,6 @@
 #include "bonsai/error.h"
 #include "bonsai/gguf.h"
 #include "bonsai/ops.h"
-#include "bonsai/quant_blocks.h"
 #include "bonsai/quants.h"
 #include "bonsai/vocab.h"
 #include "model_loader.h"
