@@ -102,9 +102,9 @@ def main() -> None:
                    help="side A decodes from the file mapping (no copy of the weights into huge pages)")
     p.add_argument("--b-no-huge-pages", action="store_true", help="side B decodes from the file mapping")
     p.add_argument("--a-no-repack", action="store_true",
-                   help="side A copies PTQ1_0 weights into huge pages as they are (no regrouping for the "
-                        "AVX-512 one-token kernel)")
-    p.add_argument("--b-no-repack", action="store_true", help="side B copies PTQ1_0 weights as they are")
+                   help="side A copies the weights into huge pages in the file's order (no PTQ1_0 regrouping, "
+                        "no Q8_0 row interleaving for the AVX-512 kernels)")
+    p.add_argument("--b-no-repack", action="store_true", help="side B copies the weights in the file's order")
     p.add_argument("--act-mode", default="int8", choices=("int8", "float"), help="activations of both sides")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--depth", type=int, default=512, help="prompt tokens before the timed decodes (default 512)")
