@@ -148,10 +148,11 @@ BONSAI_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, __mmask16 m) {
 }
 
 // Prefetches every cache line that holds a byte of [row, row + n) (n > 0): the lines at 64-byte
-// steps from row, then the line of the last byte.
+// steps from row, then the line of the last byte. Into L2, as the matmul tiles do (an L1 prefetch
+// holds an L1 miss buffer until the line arrives; decode at depth 2048 on a Zen 4: B/A 0.973).
 BONSAI_AVX512 inline void prefetch_row(const uint8_t* row, size_t n) {
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(row + n - 1), _MM_HINT_T0);
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T2);
+    _mm_prefetch(reinterpret_cast<const char*>(row + n - 1), _MM_HINT_T2);
 }
 
 // Lane k of the result = the sum of the 16 lanes of p[k]: a transposed reduction (unpack/add
