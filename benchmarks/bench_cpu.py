@@ -525,17 +525,35 @@ def cpu_line() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     flags: set[str] = set()
+    ident: dict[str, str] = {}
     try:
         for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("flags"):
-                flags = set(ln.split(":", 1)[1].split())
+            key, _, value = ln.partition(":")
+            key = key.strip()
+            if key in ("vendor_id", "cpu family", "model") and key not in ident:
+                ident[key] = value.strip()
+            if key == "flags":
+                flags = set(value.split())
                 break
     except OSError:
         pass
-    want = ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-    return (f"CPU: {name or cpu_model()}, {os.cpu_count()} CPUs; flags: "
+    want = ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi")
+    return (f"CPU: {name or cpu_model()}{cpu_generation(ident, flags)}, {os.cpu_count()} CPUs; flags: "
             + " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in want)
             + f"; our kernel path {_core.cpu_path()}")
+
+
+def cpu_generation(ident: dict[str, str], flags: set[str]) -> str:
+    """' (family F model M[, AMD Zen N])': virtual machines often report only "AMD EPYC" as the model
+    name, and AMD's Zen 4 (AVX-512 on 256-bit units) and Zen 5 (full 512-bit units) rank kernels
+    differently, so the family tells the hosts apart."""
+    family, model = ident.get("cpu family"), ident.get("model")
+    if family is None or model is None:
+        return ""
+    zen = None
+    if ident.get("vendor_id") == "AuthenticAMD":
+        zen = {"23": "Zen 1/2", "25": "Zen 4" if "avx512f" in flags else "Zen 3", "26": "Zen 5"}.get(family)
+    return f" (family {family} model {model}" + (f", AMD {zen})" if zen else ")")
 
 
 def qwen35_bar_lines(results: dict, pp: str, tg: str) -> tuple[list[str], dict]:
