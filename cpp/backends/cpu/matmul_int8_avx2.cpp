@@ -16,6 +16,7 @@
 #include "block_unpack.h"
 #include "bonsai/quants.h"
 #include "matmul_kernels.h"
+#include "prefetch.h"
 
 #define BONSAI_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -24,10 +25,8 @@ namespace bonsai::cpu {
 namespace {
 
 // Decode prefetches the same unit kPrefetchRows rows ahead (the next tiles), since a tile's rows
-// are short and contiguous, into L2 as the AVX-512 tiles do (matmul_int8_avx512_impl.h says why;
-// this path on an AMD EPYC Zen 4: the Q8_0 output head streamed 24-25 GB/s with T0, 32-33 with T2).
+// are short and contiguous, into L2 (prefetch.h).
 constexpr int kPrefetchRows = 16;
-constexpr auto kPrefetchHint = _MM_HINT_T2;  // an enum in GCC, an int in clang
 
 // Trit n of every byte, without multiplies: with m = (b * 3^n) mod 256 the trit is
 // (m > 85) + (m > 170). The kernel tracks m' = m ^ 0x80 (signed bytes, so the tests are signed
@@ -208,7 +207,7 @@ BONSAI_AVX2 __m128 tile_rows(const uint8_t* const* rows, const int8_t* act, cons
         __m256i s[4][2];
         for (int i = 0; i < 4; ++i) {
             const uint8_t* p = rows[i] + u * unit_bytes;
-            _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_stride), kPrefetchHint);
+            _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_stride), kStreamPrefetchHint);
             __m256i c[2 * K::C];
             K::codes(p, nin, u + 1 < nu, c);
             dot_unit<K>(c, au, s[i]);

@@ -35,6 +35,7 @@
 #include "block_unpack.h"
 #include "bonsai/quants.h"
 #include "matmul_kernels.h"
+#include "prefetch.h"
 #include "ptq1_0_x8.h"
 #include "repack.h"
 
@@ -45,15 +46,8 @@ namespace bonsai::cpu {
 namespace {
 
 // Decode prefetches the same unit kPrefetchRows rows ahead (the next tiles): a tile's rows are
-// short and contiguous, so this runs ahead of the whole tile.
+// short and contiguous, so this runs ahead of the whole tile. Into L2 (prefetch.h).
 constexpr int kPrefetchRows = 16;
-
-// Those prefetches fill the L2 cache, not L1 (the tile's own loads then hit L2). A prefetch into
-// L1 holds one of the core's few L1 miss buffers until its line arrives from memory, so with 16
-// rows in flight the L1 buffers, not the memory, capped how fast one core streamed: on an AMD
-// EPYC (Zen 4, 2 cores) a decode step's ternary products read 21-24 GB/s with T0 hints and 28-31
-// with T2 (bench_decode_matmuls, same runs), where the kernels compute 32 GB/s from the cache.
-constexpr auto kPrefetchHint = _MM_HINT_T2;  // an enum in GCC, an int in clang
 
 }  // namespace
 }  // namespace bonsai::cpu
@@ -242,8 +236,8 @@ BONSAI_AVX512 inline __m128 extract4(__m512 v, int g) {
 // byte's line too (one prefetch per unit would skip a line every 64 / (unit_bytes - 64) units).
 template <class K>
 BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
-    _mm_prefetch(reinterpret_cast<const char*>(q), kPrefetchHint);
-    if constexpr (K::G * K::kBytes > 64) _mm_prefetch(reinterpret_cast<const char*>(q + K::G * K::kBytes - 1), kPrefetchHint);
+    _mm_prefetch(reinterpret_cast<const char*>(q), kStreamPrefetchHint);
+    if constexpr (K::G * K::kBytes > 64) _mm_prefetch(reinterpret_cast<const char*>(q + K::G * K::kBytes - 1), kStreamPrefetchHint);
 }
 
 // 4 rows x 1 token: rows p0, p0 + rb, p0 + 2 rb, p0 + 3 rb.
@@ -349,7 +343,7 @@ BONSAI_AVX512 __m128 tile_x8(const uint8_t* p0, int64_t rb, const int8_t* act, c
         __m512i se[4], so[4];
         for (int i = 0; i < 4; ++i) {
             const uint8_t* q = gp + i * rb + prefetch_stride;
-            for (int off : {0, 64, 128, 192, kX8Bytes - 1}) _mm_prefetch(reinterpret_cast<const char*>(q + off), kPrefetchHint);
+            for (int off : {0, 64, 128, 192, kX8Bytes - 1}) _mm_prefetch(reinterpret_cast<const char*>(q + off), kStreamPrefetchHint);
             se[i] = _mm512_setzero_si512();
             so[i] = _mm512_setzero_si512();
         }
@@ -432,7 +426,7 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
     {
         const uint8_t* p = base + r0 * rb;
         const uint8_t* e = base + std::min(r1, r0 + kPrefetchRows) * rb;
-        for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), kPrefetchHint);
+        for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), kStreamPrefetchHint);
     }
     if constexpr (std::is_same_v<K, KQ8R4>) {  // full tiles interleaved, the rows after them one at a time
         const Interleave il = interleave_of(TYPE_Q8_0_R4, rb);

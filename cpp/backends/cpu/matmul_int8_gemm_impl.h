@@ -44,6 +44,7 @@
 #include "bonsai/error.h"
 #include "bonsai/types.h"
 #include "matmul_int8_gemm.h"
+#include "prefetch.h"
 #include "ptq1_0_x8.h"
 #include "repack.h"
 
@@ -441,9 +442,7 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
         }
         const __m512i vidx0 = _mm512_load_si512(offs), vidx1 = _mm512_load_si512(offs + kHalfRows);
         // The next panel's rows (one contiguous range) are prefetched in step with this one's units:
-        // 16 interleaved row streams are more than the hardware prefetchers follow. Into L2, as the
-        // one-token tiles do (bench_matmul on a Zen 4, 2 threads, 2 tokens: PTQ1_0 5632x2048
-        // 86 -> 106 GMAC/s, Q8_0 27 -> 50).
+        // 16 interleaved row streams are more than the hardware prefetchers follow. Into L2 (prefetch.h).
         const char* next = reinterpret_cast<const char*>(base + (r0 + kPanelRows) * static_cast<int64_t>(w.row_bytes));
         const int64_t next_lines = r0 + 2 * kPanelRows <= rows ? kPanelRows * static_cast<int64_t>(w.row_bytes) / 64 : 0;
         std::fill(acc, acc + (k1 - k0) * tile_acc, 0.0f);
@@ -451,7 +450,7 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
             const int64_t u1 = std::min(nu, u0 + job.chunk_units);
             for (int64_t u = u0; u < u1; ++u) {
                 for (int64_t l = u * next_lines / nu; l < (u + 1) * next_lines / nu; ++l)
-                    _mm_prefetch(next + 64 * l, _MM_HINT_T2);
+                    _mm_prefetch(next + 64 * l, kStreamPrefetchHint);
                 const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
                 uint8_t* out = panel + (u - u0) * K::G * block_panel;
                 unpack_unit<K>(rp, vidx0, u * unit_bytes, nin, u + 1 < nu, out, x8_units);
