@@ -12,6 +12,7 @@ of the per-token ratios B / A (< 1: B is faster), with its quartiles.
 
     PYTHONPATH=python python3 benchmarks/ab_decode.py MODEL.gguf --a-no-huge-pages
     python3 benchmarks/ab_decode.py MODEL.gguf --a-path /tmp/old/python --b-path python -t 2 --depth 2048
+    PYTHONPATH=python python3 benchmarks/ab_decode.py PTQ1_0.gguf --b-model PQ2_0.gguf   (two files)
 """
 
 from __future__ import annotations
@@ -56,13 +57,13 @@ for line in sys.stdin:
 
 class Worker:
     def __init__(self, name: str, args: argparse.Namespace, pkg: str | None, no_mmap: bool, no_huge_pages: bool,
-                 no_repack: bool):
+                 no_repack: bool, model: Path):
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         if pkg:
             env["PYTHONPATH"] = str(Path(pkg).resolve())
         self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(args.model), str(args.threads), str(args.depth), str(args.n_gen),
+            [sys.executable, "-c", WORKER, str(model), str(args.threads), str(args.depth), str(args.n_gen),
              "0" if no_mmap else "1", args.act_mode, "0" if no_huge_pages else "1", "0" if no_repack else "1"],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.ask(None) != "ready":
@@ -93,7 +94,9 @@ def cpu_name() -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("model", type=Path, help="GGUF file both sides decode")
+    p.add_argument("model", type=Path, help="GGUF file both sides decode (side A only with --b-model)")
+    p.add_argument("--b-model", type=Path,
+                   help="another GGUF file for side B, e.g. the same weights in another type (same vocabulary)")
     p.add_argument("--a-path", help="PYTHONPATH of side A (a directory holding bonsai_runner; default: as this process)")
     p.add_argument("--b-path", help="PYTHONPATH of side B (default: as this process)")
     p.add_argument("--a-no-mmap", action="store_true", help="side A reads the model into memory")
@@ -111,11 +114,14 @@ def main() -> None:
     p.add_argument("-n", "--n-gen", type=int, default=128, help="timed tokens per round (default 128)")
     p.add_argument("--rounds", type=int, default=4)
     args = p.parse_args()
-    if not args.model.is_file():
-        sys.exit(f"ab_decode: {args.model} is not a file; pass a GGUF model")
+    for m in (args.model, args.b_model or args.model):
+        if not m.is_file():
+            sys.exit(f"ab_decode: {m} is not a file; pass a GGUF model")
     default_path = os.environ.get("PYTHONPATH")
-    a = Worker("A", args, args.a_path or default_path, args.a_no_mmap, args.a_no_huge_pages, args.a_no_repack)
-    b = Worker("B", args, args.b_path or default_path, args.b_no_mmap, args.b_no_huge_pages, args.b_no_repack)
+    a = Worker("A", args, args.a_path or default_path, args.a_no_mmap, args.a_no_huge_pages, args.a_no_repack,
+               args.model)
+    b = Worker("B", args, args.b_path or default_path, args.b_no_mmap, args.b_no_huge_pages, args.b_no_repack,
+               args.b_model or args.model)
     times: dict[str, list[float]] = {"A": [], "B": []}
     ratios, loads = [], []
     for _ in range(args.rounds):
@@ -131,13 +137,13 @@ def main() -> None:
     b.close()
     print(f"{cpu_name()}, {os.cpu_count()} CPUs; load average {min(loads):.2f}..{max(loads):.2f}; "
           f"{len(ratios)} token pairs at depth {args.depth}..{args.depth + args.n_gen}, {args.threads} threads")
-    for side, path, no_mmap, no_hp, no_rp in (
-            ("A", args.a_path, args.a_no_mmap, args.a_no_huge_pages, args.a_no_repack),
-            ("B", args.b_path, args.b_no_mmap, args.b_no_huge_pages, args.b_no_repack)):
+    for side, path, model, no_mmap, no_hp, no_rp in (
+            ("A", args.a_path, args.model, args.a_no_mmap, args.a_no_huge_pages, args.a_no_repack),
+            ("B", args.b_path, args.b_model or args.model, args.b_no_mmap, args.b_no_huge_pages, args.b_no_repack)):
         s = sorted(times[side])
         flags = ((", --no-mmap" if no_mmap else "") + (", --no-huge-pages" if no_hp else "") +
                  (", --no-repack" if no_rp else ""))
-        print(f"  {side} ({path or 'this PYTHONPATH'}{flags}): median {statistics.median(s) * 1e3:.3f} "
+        print(f"  {side} ({model.name}, {path or 'this PYTHONPATH'}{flags}): median {statistics.median(s) * 1e3:.3f} "
               f"ms/token, p10 {s[len(s) // 10] * 1e3:.3f} ms, mean {statistics.mean(s) * 1e3:.3f} ms")
     q = statistics.quantiles(ratios, n=4)
     print(f"  median of per-token B/A time ratios: {statistics.median(ratios):.4f} (quartiles {q[0]:.4f}, {q[2]:.4f})")
