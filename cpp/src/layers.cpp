@@ -56,8 +56,7 @@ void add_inplace(float* x, const float* y, int64_t n) {
 }
 
 size_t attention_scratch_floats(int64_t n_cells, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
-    const int64_t n_rep = n_head / n_head_kv;
-    return static_cast<size_t>(2 * head_dim + n_rep * n_cells + n_rep * head_dim + 2 * n_rep);
+    return cpu::attention_group_scratch_floats(n_cells, n_head / n_head_kv, head_dim);
 }
 
 void attention(const AttentionArgs& a, float* scratch, size_t scratch_per_thread, ThreadPool& pool) {

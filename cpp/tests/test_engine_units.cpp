@@ -219,7 +219,8 @@ static void test_blocks() {
 
 // Every CPU path against the scalar attention: two interleaved sequences over a few hundred cells
 // (more than one flash block), f16 / q8_0 K and V, head sizes with and without a partial 16-lane
-// chunk or over 128 dimensions, n_rep 1 to 12, one and several query tokens, both variants.
+// chunk (or one not a multiple of 4) or over 128 dimensions, n_rep 1 to 12 (groups of four heads
+// full and partial), one and several query tokens, both variants.
 static void test_attention_paths() {
     struct Shape {
         int64_t head_dim, n_head, n_head_kv;
@@ -227,7 +228,8 @@ static void test_attention_paths() {
     };
     const Shape shapes[] = {{64, 8, 2, TYPE_F16, TYPE_F16},   {40, 4, 4, TYPE_F16, TYPE_F16},
                             {64, 8, 2, TYPE_Q8_0, TYPE_Q8_0}, {32, 12, 1, TYPE_F16, TYPE_Q8_0},
-                            {96, 4, 2, TYPE_Q8_0, TYPE_F16},  {160, 6, 2, TYPE_F16, TYPE_Q8_0}};
+                            {96, 4, 2, TYPE_Q8_0, TYPE_F16},  {160, 6, 2, TYPE_F16, TYPE_Q8_0},
+                            {42, 10, 2, TYPE_F16, TYPE_F16}};
     std::mt19937 g(11);
     std::normal_distribution<float> nd;
     ThreadPool pool(2);

@@ -16,8 +16,9 @@ CPU figures use the engine's own allocation formulas (they must agree with what
             cpp/src/recurrent_state.cpp)
   compute   float32 scratch for nb = min(n_batch, n_ctx) tokens: x, cur [nb, n_embd], q, attn
             [nb, n_embd_q], k, v [nb, n_embd_kv], gate, up [nb, n_ff], rope [nb, n_rot], plus per
-            thread 2 head_dim + n_rep (n_ctx + head_dim + 2) floats of attention scratch
-            (cpp/src/context.cpp compute_layout, cpp/src/layers.cpp attention_scratch_floats);
+            thread n_rep (n_ctx + head_dim + 2) floats of attention scratch plus its AVX-512 pass 1's
+            K rows and arranged queries (cpp/src/context.cpp compute_layout,
+            cpp/backends/cpu/attention.cpp attention_group_scratch_floats);
             qwen35 adds query+gate [nb, 2 n_embd_q], gate [nb, n_embd_q], qkv [nb, conv_dim],
             z, o [nb, V heads x dv] and alpha, beta [nb, V heads]
   logits    n_seq_max x n_vocab float32
@@ -126,8 +127,11 @@ def recurrent_bytes(d: ModelDesc, n_seq: int, n_layers: int | None = None) -> in
 
 
 def attention_scratch_floats(d: ModelDesc, n_cells: int) -> int:
-    n_rep = d.n_head // d.n_head_kv
-    return 2 * d.head_dim + n_rep * n_cells + n_rep * d.head_dim + 2 * n_rep
+    n_rep, hd = d.n_head // d.n_head_kv, d.head_dim
+    cell_group = 8  # attention.cpp kCellGroup
+    k_rows = cell_group * 16 * -(-hd // 16)  # K rows in 16-float chunks
+    queries = 16 * -(-n_rep // 4) * -(-hd // 4)  # four heads to a vector, four dimensions a step
+    return n_rep * n_cells + n_rep * hd + 2 * n_rep + k_rows + queries
 
 
 def activation_floats(d: ModelDesc, nb: int) -> int:

@@ -21,7 +21,9 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out);
 // Softmax of x[0..n) in place; returns nothing, x sums to 1 afterwards.
 void softmax(float* x, int64_t n);
 // Attention of token t against kv head hkv: writes the n_head / n_head_kv query heads that read it.
+// scratch: attention_group_scratch_floats(kv->n_cells(), n_head / n_head_kv, head_dim) floats.
 void attention_group(const AttentionArgs& a, int64_t t, int64_t hkv, float* scratch);
+size_t attention_group_scratch_floats(int64_t n_cells, int64_t n_rep, int64_t head_dim);
 
 // qwen35 Gated DeltaNet rows (gated_delta.cpp).
 void conv1d_silu_channels(float* x, const float* w_t, float* state, int64_t n_ch, int64_t c0, int64_t c1,
