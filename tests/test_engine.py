@@ -434,20 +434,23 @@ def test_repacked_weights_decode_to_the_same_bits(tmp_path, head_type):
 
     path = str(write_synthetic_model(tmp_path / "rp.gguf", "llama", hidden=1152, ffn=1024, n_layer=2, n_head=9,
                                      n_head_kv=3, vocab=514, wtype="PTQ1_0", emb_type="F16", head_type=head_type))
+    # A file read into memory (use_mmap=False) is repacked in place, with or without huge pages.
     repacked, plain = _core.Model(path), _core.Model(path, repack=False)
+    in_memory = _core.Model(path, use_mmap=False)
     with open_gguf(path) as g:
         want = sum(t.nbytes for t in g.tensors if (t.type_name == "PTQ1_0" and t.ne[0] >= 1024) or t.type_name == "Q8_0")
     assert want > 0
-    applies = _core.cpu_path() == "avx512" and _huge_pages_available()
-    assert repacked.memory_report()["repacked_bytes"] == (want if applies else 0)
+    avx512 = _core.cpu_path() == "avx512"
+    assert repacked.memory_report()["repacked_bytes"] == (want if avx512 and _huge_pages_available() else 0)
+    assert in_memory.memory_report()["repacked_bytes"] == (want if avx512 else 0)
     assert plain.memory_report()["repacked_bytes"] == 0
     for act_mode in ("int8", "float"):
         runs = []
-        for model in (repacked, plain):
+        for model in (repacked, plain, in_memory):
             with ctx_for(model, act_mode=act_mode) as ctx:
                 runs.append(np.concatenate([ctx.decode(TOKENS[:9], logits="all")] +
                                            [ctx.decode([t], logits="last") for t in TOKENS[9:15]]))
-        assert np.array_equal(runs[0], runs[1]), act_mode
+        assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2]), act_mode
 
 
 # ---------------------------------------------------------------- bonsai_run

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -179,6 +180,7 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelPar
     }
     m->offload(params);
     if (params.huge_pages && m->gguf_->mapping()->is_mapped() && huge_pages_available()) m->copy_to_huge_pages();
+    if (!m->gguf_->mapping()->is_mapped()) m->repack_in_place();
     if (params.verbose) {
         std::fprintf(stderr, "%s: %s, %lld layers, vocab %lld\n%s%s", path.c_str(), hp.arch.c_str(),
                      static_cast<long long>(hp.n_layer), static_cast<long long>(hp.n_vocab), m->layer_table().c_str(),
@@ -234,6 +236,31 @@ void Model::bind_hadamard() {
     used_tensors_.emplace_back(TYPE_F32, static_cast<uint64_t>(c.sign_floats()) * sizeof(float));
 }
 
+// The weights the CPU streams once per decoded token: every linear weight of the CPU's layers and,
+// unless the GPU runs it, the output head (and the token embedding when the head is tied to it:
+// the same bytes).
+std::vector<WeightView*> Model::cpu_streamed_views() {
+    std::vector<WeightView*> views;
+    for (int64_t il = n_gpu_layers_; il < hp_.n_layer; ++il) {
+        LayerWeights& w = layers_[static_cast<size_t>(il)];
+        for (WeightView* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down, &w.w_qkv, &w.w_z,
+                              &w.w_alpha, &w.w_beta, &w.w_ssm_out})
+            views.push_back(v);
+    }
+    if (!gpu_output()) {
+        views.push_back(&output_);
+        if (hp_.tied_output) views.push_back(&tok_embd_);
+    }
+    return views;
+}
+
+// PTQ1_0 and Q8_0 matrices are repacked (PTQ1_0_X8, Q8_0_R4) on the AVX-512 path, unless the head
+// is tied: the embedding lookup reads those bytes too.
+bool Model::repacks(const WeightView* v) const {
+    return params_.repack && active_cpu_path() == CpuPath::AVX512 && v->data && v->rows > 0 &&
+           cpu::repacked_type(v->type, v->cols) != v->type && !(hp_.tied_output && (v == &output_ || v == &tok_embd_));
+}
+
 // Decode reads every weight of the CPU's layers (and the output head, unless the GPU runs it) once
 // per token. Out of a file mapping it streams them through the page cache's 4 KiB pages; copied
 // into one HugeBuffer it streams them through 2 MiB pages, where a read needs 512 times fewer TLB
@@ -246,24 +273,7 @@ void Model::bind_hadamard() {
 // (backends/cpu/repack.h; --no-repack keeps the file's order), which its AVX-512 kernels read
 // faster; the kernels of every other path convert them back as they read.
 void Model::copy_to_huge_pages() {
-    std::vector<WeightView*> views;
-    for (int64_t il = n_gpu_layers_; il < hp_.n_layer; ++il) {
-        LayerWeights& w = layers_[static_cast<size_t>(il)];
-        for (WeightView* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down, &w.w_qkv, &w.w_z,
-                              &w.w_alpha, &w.w_beta, &w.w_ssm_out})
-            views.push_back(v);
-    }
-    if (!gpu_output()) {
-        views.push_back(&output_);
-        if (hp_.tied_output) views.push_back(&tok_embd_);  // the same bytes: one copy for both
-    }
-    // PTQ1_0 and Q8_0 matrices are repacked on the way (PTQ1_0_X8, Q8_0_R4), unless the head is tied:
-    // the embedding lookup reads those bytes too.
-    const bool repack = params_.repack && active_cpu_path() == CpuPath::AVX512;
-    auto repacked = [&](const WeightView* v) {
-        return repack && cpu::repacked_type(v->type, v->cols) != v->type &&
-               !(hp_.tied_output && (v == &output_ || v == &tok_embd_));
-    };
+    std::vector<WeightView*> views = cpu_streamed_views();
     struct Piece {
         const uint8_t* src;
         size_t off, bytes;
@@ -280,7 +290,7 @@ void Model::copy_to_huge_pages() {
         const size_t bytes = static_cast<size_t>(v->rows) * v->row_bytes;
         offset[v->data] = total;
         Piece pc{static_cast<const uint8_t*>(v->data), total, bytes};
-        if (repacked(v)) {
+        if (repacks(v)) {
             pc.rows = v->rows;
             pc.row_bytes = v->row_bytes;
             pc.type = v->type;
@@ -329,11 +339,62 @@ void Model::copy_to_huge_pages() {
     for (const Piece& pc : pieces) gguf_->mapping()->advise_unneeded(pc.src, pc.bytes);
     for (WeightView* v : views) {
         if (!v->data || v->rows <= 0) continue;
-        if (repacked(v)) v->type = cpu::repacked_type(v->type, v->cols);
+        if (repacks(v)) v->type = cpu::repacked_type(v->type, v->cols);
         v->data = buf.data() + offset.at(v->data);
     }
     cpu_weights_ = std::move(buf);
     repacked_bytes_ = repacked_bytes;
+}
+
+// A file read into memory (--no-mmap) is already in a buffer of this process's own, so its PTQ1_0
+// and Q8_0 matrices are repacked where they are, a 4-row tile at a time through a small copy, by
+// a few threads (each a share of the tiles) as in copy_to_huge_pages.
+void Model::repack_in_place() {
+    uint8_t* const buf = gguf_->mapping()->buffer();
+    const uint8_t* const base = gguf_->mapping()->data();
+    if (!buf) return;
+    struct Piece {
+        uint8_t* data;
+        int64_t rows, row_bytes;
+        GgmlType type;
+        int64_t first_tile;  // tiles of the pieces before this one
+    };
+    std::vector<Piece> pieces;
+    std::set<const void*> seen;
+    int64_t tiles = 0, max_row_bytes = 0;
+    uint64_t bytes = 0;
+    std::vector<WeightView*> views = cpu_streamed_views();
+    for (const WeightView* v : views) {
+        if (!repacks(v) || !seen.insert(v->data).second) continue;
+        const auto rb = static_cast<int64_t>(v->row_bytes);
+        pieces.push_back({buf + (static_cast<const uint8_t*>(v->data) - base), v->rows, rb, v->type, tiles});
+        tiles += (v->rows + 3) / 4;
+        max_row_bytes = std::max(max_row_bytes, rb);
+        bytes += static_cast<uint64_t>(v->rows) * v->row_bytes;
+    }
+    if (pieces.empty()) return;
+    const int64_t n_threads = std::clamp<int64_t>(static_cast<int64_t>(bytes / (64u << 20)), 1,
+                                                  std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+    auto repack_tiles = [&](int64_t t0, int64_t t1) {  // tiles [t0, t1) over all pieces
+        std::vector<uint8_t> tmp(static_cast<size_t>(4 * max_row_bytes));
+        for (const Piece& pc : pieces) {
+            const int64_t n = (pc.rows + 3) / 4;
+            const int64_t b = std::max(t0, pc.first_tile) - pc.first_tile;
+            const int64_t e = std::min(t1, pc.first_tile + n) - pc.first_tile;
+            if (b < e)
+                cpu::repack_rows_in_place(pc.type, pc.data, pc.rows, pc.row_bytes, 4 * b,
+                                          std::min(pc.rows, 4 * e), tmp.data());
+        }
+    };
+    std::vector<std::thread> threads;
+    const int64_t per = (tiles + n_threads - 1) / n_threads;
+    for (int64_t t = 1; t < n_threads && t * per < tiles; ++t)
+        threads.emplace_back(repack_tiles, t * per, std::min(tiles, (t + 1) * per));
+    repack_tiles(0, std::min(tiles, per));
+    for (std::thread& th : threads) th.join();
+    for (WeightView* v : views)
+        if (repacks(v)) v->type = cpu::repacked_type(v->type, v->cols);
+    repacked_bytes_ = bytes;
 }
 
 // Offload policy: n_gpu_layers -1 or above n_layer means every layer. Without a CUDA backend or
@@ -399,6 +460,10 @@ std::string Model::memory_table() const {
                           static_cast<double>(r.repacked_bytes) / 1048576.0);
             os << line;
         }
+    } else if (r.repacked_bytes > 0) {
+        std::snprintf(line, sizeof line, "; %.1f MiB of it repacked in place for the AVX-512 kernels",
+                      static_cast<double>(r.repacked_bytes) / 1048576.0);
+        os << line;
     }
     if (r.n_gpu_layers > 0) {
         std::snprintf(line, sizeof line, ", GPU %.1f MiB in one allocation of %.1f MiB:",

@@ -29,6 +29,24 @@ void interleave_tile(const uint8_t* src, uint8_t* dst, int64_t rb, Interleave il
     }
 }
 
+// One tile of a weight of repacked type `type`: its n rows (4, or fewer after the last full tile:
+// `full` says which) from src to dst, both pointing at the tile's first row.
+void repack_tile(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes, bool full) {
+    if (type == TYPE_PTQ1_0_X8) {
+        const int64_t nb = row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0));
+        for (int64_t i = 0; i < n; ++i) pack_ptq1_0_x8_row(src + i * row_bytes, dst + i * row_bytes, nb);
+    } else if (full) {
+        interleave_tile(src, dst, row_bytes, interleave_of(type, row_bytes), true);
+    } else {
+        std::memcpy(dst, src, static_cast<size_t>(n * row_bytes));
+    }
+}
+
+GgmlType repacked_type_of_rows(GgmlType file, int64_t row_bytes) {
+    const TypeTraits* tr = type_traits(file);
+    return repacked_type(file, row_bytes / static_cast<int64_t>(tr->type_size) * tr->block_size);
+}
+
 }  // namespace
 
 GgmlType repacked_type(GgmlType type, int64_t cols) {
@@ -52,19 +70,23 @@ Interleave interleave_of(GgmlType type, int64_t row_bytes) {
 
 void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
                  int64_t r1) {
-    const GgmlType type = repacked_type(file, row_bytes / static_cast<int64_t>(type_traits(file)->type_size) *
-                                                  type_traits(file)->block_size);
-    if (type == TYPE_PTQ1_0_X8) {
-        const int64_t nb = row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0));
-        for (int64_t r = r0; r < r1; ++r) pack_ptq1_0_x8_row(src + r * row_bytes, dst + r * row_bytes, nb);
-        return;
-    }
-    const Interleave il = interleave_of(type, row_bytes);
+    const GgmlType type = repacked_type_of_rows(file, row_bytes);
     const int64_t full = rows / 4 * 4;
-    int64_t r = r0;
-    for (; r + 4 <= std::min(r1, full); r += 4)
-        interleave_tile(src + r * row_bytes, dst + r * row_bytes, row_bytes, il, true);
-    if (r < r1) std::memcpy(dst + r * row_bytes, src + r * row_bytes, static_cast<size_t>((r1 - r) * row_bytes));
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int64_t n = std::min<int64_t>(4, r1 - r);
+        repack_tile(type, src + r * row_bytes, dst + r * row_bytes, n, row_bytes, n == 4 && r + 4 <= full);
+    }
+}
+
+void repack_rows_in_place(GgmlType file, uint8_t* data, int64_t rows, int64_t row_bytes, int64_t r0, int64_t r1,
+                          uint8_t* tmp) {
+    const GgmlType type = repacked_type_of_rows(file, row_bytes);
+    const int64_t full = rows / 4 * 4;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int64_t n = std::min<int64_t>(4, r1 - r);
+        std::memcpy(tmp, data + r * row_bytes, static_cast<size_t>(n * row_bytes));
+        repack_tile(type, tmp, data + r * row_bytes, n, row_bytes, n == 4 && r + 4 <= full);
+    }
 }
 
 void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst) {

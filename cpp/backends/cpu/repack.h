@@ -1,6 +1,7 @@
 // Weights the CPU backend keeps in an order of its own after loading them (llama.cpp's "repack";
 // --no-repack keeps the file's order). Model::load writes them while it copies the CPU's streamed
-// weights into huge pages, when the AVX-512 path is active; the one-token AVX-512 kernel and the
+// weights into huge pages, or in place in a file read into memory (--no-mmap), when the AVX-512
+// path is active; the one-token AVX-512 kernel and the
 // AVX-512 GEMM read them, every other kernel reads rows converted back (unpack_rows). The bytes are
 // the file's, so are the results.
 //   PTQ1_0_X8  PTQ1_0 rows of 8 or more blocks, each row regrouped eight blocks at a time
@@ -41,6 +42,11 @@ Interleave interleave_of(GgmlType type, int64_t row_bytes);
 // tile). r0 and r1 must be multiples of 4 or r1 == rows. src and dst must not overlap.
 void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
                  int64_t r1);
+
+// The same in place: rows [r0, r1) of the weight at data rewritten, each 4-row tile through tmp
+// (4 row_bytes).
+void repack_rows_in_place(GgmlType file, uint8_t* data, int64_t rows, int64_t row_bytes, int64_t r0, int64_t r1,
+                          uint8_t* tmp);
 
 // Rows [r0, r1) of a repacked weight in the file's layout, row after row at dst.
 void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst);

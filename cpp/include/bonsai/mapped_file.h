@@ -30,6 +30,9 @@ public:
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
     bool is_mapped() const { return mapped_; }
+    // The bytes of a file read into memory, writable: the model that owns them may rewrite its
+    // tensors in place (Model::load repacks the CPU's weights). nullptr for a mapping.
+    uint8_t* buffer() const { return mapped_ ? nullptr : buffer_.data(); }
     // Tells the kernel that this process will not read [p, p + n) of the mapping again soon: the
     // whole pages inside it leave the process's resident set (they stay in the page cache, and a
     // later read maps them back). Nothing happens for a file read into memory.

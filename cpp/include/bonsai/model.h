@@ -124,7 +124,8 @@ struct ModelMemory {
     uint64_t file_bytes = 0;
     bool mapped = true;                           // weights are in a file mapping (not a copy)
     uint64_t huge_page_bytes = 0;                 // of them, copied out of the mapping into huge pages
-    uint64_t repacked_bytes = 0;                  // of those, repacked for the AVX-512 kernels (--no-repack: 0)
+    uint64_t repacked_bytes = 0;                  // of those (or, read into memory, of all), repacked for the
+                                                  // AVX-512 kernels (--no-repack: 0)
     // GPU offload (CUDA builds): the first n_gpu_layers layers, and the output head when every
     // layer is offloaded, also live in one device allocation. The file mapping above still holds
     // every tensor on the host (offloaded pages are read once, for the upload).
@@ -178,6 +179,9 @@ private:
     void offload(const ModelParams& params);  // uploads the first layers to the GPU (CUDA builds)
     void bind_hadamard();                     // the contract's names -> the weights' rotations
     void copy_to_huge_pages();                // the CPU's streamed weights -> cpu_weights_
+    void repack_in_place();                   // the same weights of a file read into memory, repacked
+    std::vector<WeightView*> cpu_streamed_views();
+    bool repacks(const WeightView* v) const;  // whether the AVX-512 path keeps v in its own order
 
     ModelParams params_;
     Hparams hp_;
@@ -193,7 +197,7 @@ private:
     int n_gpu_layers_ = 0;
     std::shared_ptr<const GpuModel> gpu_;  // device weights (CUDA builds with offloaded layers)
     HugeBuffer cpu_weights_;               // the copies made by copy_to_huge_pages (or empty)
-    uint64_t repacked_bytes_ = 0;          // of them, repacked (PTQ1_0_X8, Q8_0_R4)
+    uint64_t repacked_bytes_ = 0;          // weights repacked (PTQ1_0_X8, Q8_0_R4) by either of those
 };
 
 }  // namespace bonsai
