@@ -351,10 +351,17 @@ BONSAI_AVX512 void attention_group_avx512(const AttentionArgs& a, int64_t t, int
     while (c < end) {
         // Pass 1: scores of the next `block` visible cells, which end before cell c1.
         const int64_t c0 = c;
-        int64_t c1 = c0, n = 0;
-        for (; c1 < end && n < block; ++c1) n += cr.visible(c1);
+        int64_t c1 = c0, n = 0, last = c0;
+        for (; c1 < end && n < block; ++c1)
+            if (cr.visible(c1)) {
+                ++n;
+                last = c1;
+            }
         c = c1;
         if (n == 0) continue;
+        // The passes stop after the last visible cell: a causal prompt's token sees a prefix of the
+        // cells, so its block is usually all visible (the fast path) instead of scanned to the end.
+        c1 = last + 1;
         const bool all = n == c1 - c0;
         if (all) scores_block<TK, true>(cr, c0, c1, qt, n_rep, hd, a.scale, block, kf, scores);
         else scores_block<TK, false>(cr, c0, c1, qt, n_rep, hd, a.scale, block, kf, scores);
