@@ -53,6 +53,24 @@ void check_hparams(const Hparams& hp) {
     need(hp.n_vocab > 0, "the vocabulary is empty");
 }
 
+// Threads for copying or repacking `bytes` of weights at load: one per 64 MiB, at most 8 and the
+// CPU's count.
+size_t load_threads(uint64_t bytes) {
+    return std::clamp<size_t>(static_cast<size_t>(bytes / (64u << 20)), 1,
+                              std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
+// fn(lo, hi) over [0, total) in ranges of `per`, the first on this thread, each other on one of
+// its own, up to n_threads in all.
+template <class F>
+void split_over_threads(size_t total, size_t per, size_t n_threads, F fn) {
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < n_threads && t * per < total; ++t)
+        threads.emplace_back(fn, t * per, std::min(total, (t + 1) * per));
+    fn(size_t{0}, std::min(total, per));
+    for (std::thread& th : threads) th.join();
+}
+
 }  // namespace
 
 bool ModelLoader::has(const std::string& name) const { return gguf().find_tensor(name) != nullptr; }
@@ -313,7 +331,7 @@ void Model::copy_to_huge_pages() {
     // Several threads copy 2 MiB-aligned slices of the buffer: the first touch of each page (the
     // kernel zeroing it, on a virtual machine often the host backing it) costs more than the copy.
     constexpr size_t kSlice = size_t{2} << 20;
-    const size_t n_threads = std::clamp<size_t>(total / (64u << 20), 1, std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+    const size_t n_threads = load_threads(total);
     const size_t per = (total / n_threads + kSlice - 1) / kSlice * kSlice;
     // A thread writes the bytes [lo, hi) of plain pieces and the 4-row tiles of repacked ones that
     // start there.
@@ -331,11 +349,7 @@ void Model::copy_to_huge_pages() {
                                  static_cast<int64_t>(4 * k), std::min<int64_t>(pc.rows, static_cast<int64_t>(4 * k + 4)));
         }
     };
-    std::vector<std::thread> threads;
-    for (size_t t = 1; t < n_threads && t * per < total; ++t)
-        threads.emplace_back(copy_range, t * per, std::min(total, (t + 1) * per));
-    copy_range(0, std::min(total, per));
-    for (std::thread& th : threads) th.join();
+    split_over_threads(total, per, n_threads, copy_range);
     for (const Piece& pc : pieces) gguf_->mapping()->advise_unneeded(pc.src, pc.bytes);
     for (WeightView* v : views) {
         if (!v->data || v->rows <= 0) continue;
@@ -373,25 +387,20 @@ void Model::repack_in_place() {
         bytes += static_cast<uint64_t>(v->rows) * v->row_bytes;
     }
     if (pieces.empty()) return;
-    const int64_t n_threads = std::clamp<int64_t>(static_cast<int64_t>(bytes / (64u << 20)), 1,
-                                                  std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-    auto repack_tiles = [&](int64_t t0, int64_t t1) {  // tiles [t0, t1) over all pieces
+    const size_t n_threads = load_threads(bytes);
+    auto repack_tiles = [&](size_t t0, size_t t1) {  // tiles [t0, t1) over all pieces
         std::vector<uint8_t> tmp(static_cast<size_t>(4 * max_row_bytes));
         for (const Piece& pc : pieces) {
             const int64_t n = (pc.rows + 3) / 4;
-            const int64_t b = std::max(t0, pc.first_tile) - pc.first_tile;
-            const int64_t e = std::min(t1, pc.first_tile + n) - pc.first_tile;
+            const int64_t b = std::max(static_cast<int64_t>(t0), pc.first_tile) - pc.first_tile;
+            const int64_t e = std::min(static_cast<int64_t>(t1), pc.first_tile + n) - pc.first_tile;
             if (b < e)
                 cpu::repack_rows_in_place(pc.type, pc.data, pc.rows, pc.row_bytes, 4 * b,
                                           std::min(pc.rows, 4 * e), tmp.data());
         }
     };
-    std::vector<std::thread> threads;
-    const int64_t per = (tiles + n_threads - 1) / n_threads;
-    for (int64_t t = 1; t < n_threads && t * per < tiles; ++t)
-        threads.emplace_back(repack_tiles, t * per, std::min(tiles, (t + 1) * per));
-    repack_tiles(0, std::min(tiles, per));
-    for (std::thread& th : threads) th.join();
+    const auto total = static_cast<size_t>(tiles);
+    split_over_threads(total, (total + n_threads - 1) / n_threads, n_threads, repack_tiles);
     for (WeightView* v : views)
         if (repacks(v)) v->type = cpu::repacked_type(v->type, v->cols);
     repacked_bytes_ = bytes;
