@@ -69,8 +69,9 @@ int x8_element(int v, int p) {
         const int w = v / 5, n = v % 5, l = p / 4;
         return ptq1_element(n, l % 8, 4 * (2 * w + l / 8) + p % 4);
     }
-    const int n = (v - 15) / 2, parity = (v - 15) % 2, q = p % 16;
-    return (q / 2) % 2 == parity ? ptq1_element(n, q / 2, 24 + q % 2) : -1;
+    // qh field f = v - 15 of byte p % 16 of a row's qh bytes (x8_qh_slot): element 120 + m of block b
+    const int f = v - 15, q = p % 16, b = 2 * (q / 4) + f / 2, m = 4 * (f % 2) + q % 4;
+    return ptq1_element(m / 2, b, 24 + m % 2);
 }
 
 struct LayoutEntry {
@@ -129,10 +130,10 @@ const Int8Layout* one_token_ptq1_0() {
 const Int8Layout* one_token_ptq1_0_x8() {
     static LayoutEntry x8;
     static const bool done = [] {
-        x8.map.resize(23 * 64);
-        for (int v = 0; v < 23; ++v)
+        x8.map.resize(kX8CodeVectors * 64);
+        for (int v = 0; v < kX8CodeVectors; ++v)
             for (int p = 0; p < 64; ++p) x8.map[v * 64 + p] = static_cast<int16_t>(x8_element(v, p));
-        x8.layout = Int8Layout{kX8Blocks, 23, 1, false, QK_PTQ1_0, static_cast<int>(sizeof(block_ptq1_0)), -1,
+        x8.layout = Int8Layout{kX8Blocks, kX8CodeVectors, 1, false, QK_PTQ1_0, static_cast<int>(sizeof(block_ptq1_0)), -1,
                                nullptr, one_token_ptq1_0(), nullptr, nullptr};
         x8.finish();
         return true;

@@ -22,12 +22,12 @@
 // One-token AVX-512 variant (int8_layout_for): PTQ1_0 as above but p = 4 + k for block 0 and
 // p = 32 + k for block 1, the bytes of one 64-byte load from 4 bytes before the unit (the 56-byte
 // unit's two blocks then sit in the two halves without moving a byte).
-// PTQ1_0_X8 (ptq1_0_x8.h), one token on AVX-512: G=8 C=23. Vector 5 w + n (w < 3) is trit n of the
-// group's qs vector w, byte p = 4 l + k: block l % 8, qs byte 4 (2 w + l / 8) + k. Vectors 15 + 2 n
-// (even blocks) and 16 + 2 n (odd blocks), n < 4, are trit n of the qh bytes of four rows side by
-// side: byte p: qh byte p % 16 of the row (block (p % 16) / 2, byte p % 2), zero for the other
-// parity. The blocks past the last group use the one-token PTQ1_0 units (`rest`). Every other
-// path reads X8 rows converted back to PTQ1_0, so it gets PTQ1_0's layout.
+// PTQ1_0_X8 (ptq1_0_x8.h), one token on AVX-512: G=8 C=19. Vector 5 w + n (w < 3) is trit n of the
+// group's qs vector w, byte p = 4 l + k: block l % 8, qs byte 4 (2 w + l / 8) + k. Vector 15 + f
+// (f < 4) is 2-bit field f of the qh bytes of four rows side by side: byte p holds the element of
+// qh byte p % 16 of the row, field f (x8_qh_slot). The blocks past the last group use the one-token
+// PTQ1_0 units (`rest`). Every other path reads X8 rows converted back to PTQ1_0, so it gets
+// PTQ1_0's layout.
 #pragma once
 
 #include <cstdint>

@@ -322,15 +322,6 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act,
     return acc;
 }
 
-// Trit 0 of every byte, floor(3 b / 256) = [b >= 86] + [b >= 171], by saturating subtractions and
-// minima: the X8 tiles keep the byte permutes for trits 1..4.
-BONSAI_AVX512 inline __m512i trit0_thresholds(__m512i src) {
-    const __m512i one = _mm512_set1_epi8(1);
-    const __m512i a = _mm512_min_epu8(_mm512_subs_epu8(src, _mm512_set1_epi8(85)), one);
-    const __m512i b = _mm512_min_epu8(_mm512_subs_epu8(src, _mm512_set1_epi8(static_cast<char>(170))), one);
-    return _mm512_add_epi8(a, b);
-}
-
 // Tags of the repacked types (repack.h) in run_int8.
 struct KPtq1X8 {};
 struct KQ8R4 {};
@@ -338,15 +329,15 @@ struct KQ8R4 {};
 // PTQ1_0_X8, 4 rows x 1 token (int8_layout.h, ptq1_0_x8.h). Per group: each of the three qs
 // vectors of the four rows gives trits 1..4 by lookups of its key into one accumulator per row,
 // and trit 0 by trit0_sum (the bytes and 3 b mod 256 into two more); the four rows' qh bytes
-// share one vector, whose even- and odd-block products go to two more accumulators. Dword lanes b
-// and b + 8 of a row's qs sum are block b; the sums are folded and transposed to [block][row]
-// (lane 4 b + i), the qh sums added, off * asum taken off, and acc = fma(d_b, isum_b, acc) block
-// after block as everywhere. The blocks past the groups (PTQ1_0 units) continue through
-// tile_rows<KPtq1> with the same acc.
+// share one vector, whose 2-bit fields 0, 1 (even blocks) and 2, 3 (odd blocks) go to two more
+// accumulators. Dword lanes b and b + 8 of a row's qs sum are block b; the sums are folded and
+// transposed to [block][row] (lane 4 b + i), the qh sums added, off * asum taken off, and
+// acc = fma(d_b, isum_b, acc) block after block as everywhere. The blocks past the groups (PTQ1_0
+// units) continue through tile_rows<KPtq1> with the same acc.
 template <bool kEdge>
 BONSAI_AVX512 __m128 tile_x8(const uint8_t* p0, int64_t rb, const int8_t* act, const int32_t* asum, int64_t nb,
                              int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi) {
-    constexpr int C = 23;
+    constexpr int C = kX8CodeVectors;
     alignas(64) static constexpr int32_t kRowsLo[16] = {0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27};
     alignas(64) static constexpr int32_t kRowsHi[16] = {4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
     // qh sums: lane 4 i + j of the even (odd) accumulator is block 2 j (2 j + 1) of row i
@@ -394,13 +385,13 @@ BONSAI_AVX512 __m128 tile_x8(const uint8_t* p0, int64_t rb, const int8_t* act, c
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 3 * rb + kX8QhOffset)), 1);
         const __m512i qh = _mm512_shuffle_i64x2(t01, t23, 0x88);  // qh of rows 0..3
         const __m512i ds = _mm512_shuffle_i64x2(t01, t23, 0xDD);  // scales of rows 0..3
-        const __mmask64 qtop = _mm512_movepi8_mask(qh);
-        const __m512i qkey = trit_key(qh, qtop);
+        // qh fields 0, 1 (2, 3): dword j of row i's 16 bytes is block 2 j (2 j + 1)
         __m512i he = _mm512_setzero_si512(), ho = _mm512_setzero_si512();
-        for (int n = 0; n < 4; ++n) {
-            const __m512i c = n == 0 ? trit0_thresholds(qh) : trit_n(qh, qkey, qtop, n);
-            he = _mm512_dpbusd_epi32(he, c, _mm512_load_si512(ag + 64 * (15 + 2 * n)));
-            ho = _mm512_dpbusd_epi32(ho, c, _mm512_load_si512(ag + 64 * (16 + 2 * n)));
+        const __m512i m3 = _mm512_set1_epi8(3);
+        for (int f = 0; f < 4; ++f) {
+            const __m512i c = _mm512_and_si512(f == 0 ? qh : _mm512_srli_epi16(qh, 2 * f), m3);
+            __m512i& h = f < 2 ? he : ho;
+            h = _mm512_dpbusd_epi32(h, c, _mm512_load_si512(ag + 64 * (15 + f)));
         }
         // rows 0, 1 (2, 3): lanes b and b + 8 added -> [row 0 blocks 0..7, row 1 blocks 0..7]
         const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xEE));

@@ -91,8 +91,9 @@ struct GPtq1 {
 
 // PTQ1_0_X8 rows (ptq1_0_x8.h): unit u < x8_units is block pair u % 4 of group u / 4, gathered
 // into GPtq1's source order (block 2 p at bytes 0..27, block 2 p + 1 at 32..59) by a dword permute
-// of the first two qs vectors and a word permute of the third and the qh/scale bytes; the units
-// after the groups are plain PTQ1_0 units.
+// of the first two qs vectors and a word permute of the third and the scale bytes; the qh bytes are
+// written back in base 3 from their fields (kX8QhBase3); the units after the groups are plain
+// PTQ1_0 units.
 struct X8GatherIndex {
     alignas(64) int32_t qs01[4][16];  // dwords of qs vectors 0, 1 for pair p
     alignas(64) int16_t rest[4][32];  // words of qs vector 2 and of the qh/scale bytes
@@ -105,7 +106,6 @@ struct X8GatherIndex {
                     rest[p][16 * h + 8 + 2 * m] = static_cast<int16_t>(2 * (b + 8 * m));
                     rest[p][16 * h + 9 + 2 * m] = static_cast<int16_t>(2 * (b + 8 * m) + 1);
                 }
-                rest[p][16 * h + 12] = static_cast<int16_t>(32 + (kX8QhOffset - 192) / 2 + b);
                 rest[p][16 * h + 13] = static_cast<int16_t>(32 + (kX8DOffset - 192) / 2 + b);
             }
     }
@@ -121,7 +121,16 @@ struct GPtq1X8 : GPtq1 {
         const __m512i tail = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 192)));
         const __m512i a = _mm512_permutex2var_epi32(v0, _mm512_load_si512(kX8Gather.qs01[p]), v1);
         const __m512i b = _mm512_permutex2var_epi16(v2, _mm512_load_si512(kX8Gather.rest[p]), tail);
-        return _mm512_mask_blend_epi32(0x7070, a, b);
+        // qh: dword p of the group's fields holds both blocks' (ptq1_0_x8.h); nibbles h and h + 2
+        // (low: block 2 p, high: 2 p + 1) index the base-3 byte h
+        uint32_t f;
+        std::memcpy(&f, gp + kX8QhOffset + 4 * p, 4);
+        const uint32_t lo = f & 0x0F0F0F0Fu, hi = f >> 4 & 0x0F0F0F0Fu;
+        const uint32_t i0 = lo | lo >> 12, i1 = hi | hi >> 12;
+        const auto& t = kX8QhBase3.v;
+        const __m512i q = _mm512_mask_set1_epi16(_mm512_mask_blend_epi32(0x7070, a, b), uint32_t{1} << 12,
+                                                 static_cast<short>(t[i0 & 255] | t[i0 >> 8 & 255] << 8));
+        return _mm512_mask_set1_epi16(q, uint32_t{1} << 28, static_cast<short>(t[i1 & 255] | t[i1 >> 8 & 255] << 8));
     }
 };
 
