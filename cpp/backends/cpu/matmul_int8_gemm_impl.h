@@ -96,7 +96,7 @@ struct GPtq1 {
 // PTQ1_0 units.
 struct X8GatherIndex {
     alignas(64) int32_t qs01[4][16];  // dwords of qs vectors 0, 1 for pair p
-    alignas(64) int16_t rest[4][32];  // words of qs vector 2 and of the qh/scale bytes
+    alignas(64) int16_t rest[4][32];  // words of qs vector 2 and of the scales (the qh words are set after)
     constexpr X8GatherIndex() : qs01(), rest() {
         for (int p = 0; p < 4; ++p)
             for (int h = 0; h < 2; ++h) {

@@ -28,6 +28,8 @@
 
 #include <cstdint>
 
+#include "bonsai/quant_blocks.h"
+
 namespace bonsai::cpu {
 
 constexpr int kX8Blocks = 8;     // blocks per group
@@ -56,9 +58,8 @@ struct X8QhBase3 {
     uint8_t v[256];
     constexpr X8QhBase3() : v() {
         for (int i = 0; i < 256; ++i) {
-            const int t0 = i & 3, t2 = i >> 2 & 3, t1 = i >> 4 & 3, t3 = i >> 6 & 3;
-            if (t0 < 3 && t1 < 3 && t2 < 3 && t3 < 3)  // pack_trits4's arithmetic
-                v[i] = static_cast<uint8_t>(((t0 * 27 + t1 * 9 + t2 * 3 + t3) * 3 * 256 + 242) / 243);
+            const int t[4] = {i & 3, i >> 4 & 3, i >> 2 & 3, i >> 6 & 3};
+            if (t[0] < 3 && t[1] < 3 && t[2] < 3 && t[3] < 3) v[i] = pack_trits4(t);
         }
     }
 };
