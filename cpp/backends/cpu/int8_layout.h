@@ -28,6 +28,9 @@
 // qh byte p % 16 of the row, field f (x8_qh_slot). The blocks past the last group use the one-token
 // PTQ1_0 units (`rest`). Every other path reads X8 rows converted back to PTQ1_0, so it gets
 // PTQ1_0's layout.
+// Q8_0_R4 (repack.h), one token on AVX-512: G=4 C=2. Byte p = 16 j + k of vector v is element
+// 16 v + k of block j (the order of a tile row's two vectors); the blocks past the last group use
+// Q8_0's units (`rest`).
 #pragma once
 
 #include <cstdint>
@@ -57,7 +60,7 @@ struct Int8Layout {
 // Layout of a quantized type the INT8 kernels run; nullptr for anything else.
 const Int8Layout* int8_layout(GgmlType type);
 // The layout the kernel of `path` reads for n_tokens tokens: int8_layout(type), except the
-// one-token AVX-512 variants of PTQ1_0 and PTQ1_0_X8 (see above). A repacked type's int8_layout
+// one-token AVX-512 variants of PTQ1_0, PTQ1_0_X8 and Q8_0_R4 (see above). A repacked type's int8_layout
 // (repack.h) is its file type's.
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens);
 

@@ -172,9 +172,9 @@ void run_rows_converted(const Job& j, int64_t tile_begin, int64_t tile_end, floa
 
 void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end, float* y) {
     const WeightView& w = j.w;
-    // AVX-512 reads repacked rows itself (PTQ1_0_X8 with its one-token layout; two or more tokens
-    // go to the GEMM before this)
-    const bool native = j.act && j.path == CpuPath::AVX512 && (w.type != TYPE_PTQ1_0_X8 || j.act->layout->rest);
+    // AVX-512 reads repacked rows itself with their one-token layouts (two or more tokens go to the
+    // GEMM before this)
+    const bool native = j.act && j.path == CpuPath::AVX512 && j.act->layout->rest;
     if (is_repacked(w.type) && !native) {
         run_rows_converted(j, tile_begin, tile_end, y);
         return;

@@ -322,6 +322,54 @@ BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act,
     return acc;
 }
 
+// Q8_0_R4, 4 rows x 1 token, the groups of four blocks (repack.h, int8_layout.h). kTile: p0 is a
+// full tile; otherwise row p0 in the file's layout, read as four copies (the group's codes
+// gathered by load4x16). Each row's two vectors (codes 0..15, then 16..31, of the four blocks,
+// block j in chunk j) meet the token's two activation vectors in one accumulator per row; reduce4
+// leaves lane 4 j + c = block j of row c, 128 asum is taken off, and acc = fma(d_b, isum_b, acc)
+// block after block. No software prefetches: the tile reads its bytes strictly front to back and
+// the hardware prefetchers keep up (prefetches into L2 kPrefetchRows ahead made the cold head read
+// 0.7x as fast on one Zen 4 core, 0.8x on two).
+template <bool kTile>
+BONSAI_AVX512 __m128 tile_q8r4(const uint8_t* p0, int64_t nb, const int8_t* act, const int32_t* asum) {
+    alignas(64) static constexpr int32_t kExpand[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+    constexpr int64_t bb = sizeof(block_q8_0);
+    const int64_t ng = nb / kQ8R4Blocks;
+    const __m512i flip = _mm512_set1_epi8(-128);
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+        const __m512i a0 = _mm512_load_si512(act + 128 * g), a1 = _mm512_load_si512(act + 128 * g + 64);
+        __m512i s[4];
+        __m256i d16;
+        if constexpr (kTile) {
+            const uint8_t* q = p0 + q8r4_codes_offset(g);
+            const uint8_t* scales = p0 + q8r4_scales_offset(nb, g);
+            for (int c = 0; c < 4; ++c) {
+                const __m512i lo = _mm512_xor_si512(_mm512_loadu_si512(q + 128 * c), flip);
+                const __m512i hi = _mm512_xor_si512(_mm512_loadu_si512(q + 128 * c + 64), flip);
+                s[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a0), hi, a1);
+            }
+            d16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales));
+        } else {
+            const uint8_t* q = p0 + kQ8R4Blocks * bb * g;
+            const __m512i lo = _mm512_xor_si512(load4x16(q, bb, 4), flip);
+            const __m512i hi = _mm512_xor_si512(load4x16(q + 16, bb, 4), flip);
+            s[0] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a0), hi, a1);
+            s[1] = s[2] = s[3] = s[0];
+            const short h0 = static_cast<short>(load_u16(q)), h1 = static_cast<short>(load_u16(q + bb)),
+                        h2 = static_cast<short>(load_u16(q + 2 * bb)), h3 = static_cast<short>(load_u16(q + 3 * bb));
+            d16 = _mm256_setr_epi16(h0, h0, h0, h0, h1, h1, h1, h1, h2, h2, h2, h2, h3, h3, h3, h3);
+        }
+        const __m128i as = _mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(asum + kQ8R4Blocks * g)), 7);
+        const __m512i as16 = _mm512_permutexvar_epi32(_mm512_load_si512(kExpand), _mm512_castsi128_si512(as));
+        const __m512i isum = _mm512_sub_epi32(reduce4(s), as16);
+        const __m512 f = _mm512_cvtepi32_ps(isum);
+        const __m512 d = _mm512_cvtph_ps(d16);
+        for (int j = 0; j < 4; ++j) acc = _mm_fmadd_ps(extract4(d, j), extract4(f, j), acc);
+    }
+    return acc;
+}
+
 // Tags of the repacked types (repack.h) in run_int8.
 struct KPtq1X8 {};
 struct KQ8R4 {};
@@ -445,24 +493,26 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
         for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), kStreamPrefetchHint);
     }
     if constexpr (std::is_same_v<K, KQ8R4>) {  // full tiles interleaved, the rows after them one at a time
-        const Interleave il = interleave_of(TYPE_Q8_0_R4, rb);
-        const int64_t lead_units = il.lead / il.unit, full = rows / 4 * 4;
+        const int64_t full = rows / 4 * 4, ng = nb / kQ8R4Blocks, rest = nb - ng * kQ8R4Blocks;
+        constexpr int64_t bb = sizeof(block_q8_0);
         for (int64_t t = 0; t < a.n_tokens; ++t) {
             const int8_t* act = a.slots + t * a.slot_bytes;
             const int32_t* asum = a.asum + t * nb;
+            const int8_t* act_rest = act + ng * 2 * 64;
             for (int64_t r = r0; r < r1;) {
                 const uint8_t* p0 = base + r * rb;
                 const int64_t n_out = r + 4 <= full ? 4 : 1;
                 __m128 v;
                 if (n_out == 4) {
-                    v = tile_rows<KQ8, false>(p0, il.unit, act, asum, 2 * lead_units, prefetch_stride, base, end,
-                                              _mm_setzero_ps(), 4 * il.unit);
-                    if (nb > 2 * lead_units)  // an odd last block, row after row after the units
-                        v = tile_rows<KQ8, false>(p0 + 4 * il.lead, rb - il.lead, act + lead_units * 64,
-                                                  asum + 2 * lead_units, nb - 2 * lead_units, prefetch_stride, base,
-                                                  end, v);
-                } else {
-                    v = tile_rows<KQ8, false>(p0, 0, act, asum, nb, prefetch_stride, base, end);
+                    v = tile_q8r4<true>(p0, nb, act, asum);
+                    if (rest)
+                        v = tile_rows<KQ8, false>(p0 + q8r4_rest_offset(nb), rest * bb, act_rest,
+                                                  asum + ng * kQ8R4Blocks, rest, prefetch_stride, base, end, v);
+                } else {  // a row in the file's layout, as four copies
+                    v = tile_q8r4<false>(p0, nb, act, asum);
+                    if (rest)
+                        v = tile_rows<KQ8, false>(p0 + ng * kQ8R4Blocks * bb, 0, act_rest,
+                                                  asum + ng * kQ8R4Blocks, rest, prefetch_stride, base, end, v);
                 }
                 alignas(16) float out[4];
                 _mm_store_ps(out, _mm_mul_ps(v, _mm_set1_ps(a.scale[t])));

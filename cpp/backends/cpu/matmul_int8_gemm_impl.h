@@ -425,7 +425,7 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
     const int64_t nb = a.n_blocks, nu = a.n_units, rows = w.rows, groups = job.groups;
     const int64_t x8_units = std::is_same_v<K, GPtq1X8> ? nb / kX8Blocks * (kX8Blocks / K::G) : 0;
     static thread_local std::vector<uint8_t> scratch_buf, rows_buf;
-    const bool interleaved = interleave_of(w.type, static_cast<int64_t>(w.row_bytes)).unit != 0;
+    const bool interleaved = rows_interleaved(w.type);
     const int64_t max_group_tiles = (tiles.n + groups - 1) / groups;
     const size_t panel_bytes = static_cast<size_t>(job.chunk_units * K::G * block_panel);
     constexpr int64_t tile_acc = 2 * kMaxTile * 16;  // floats of a tile's accumulators

@@ -12,20 +12,25 @@ namespace bonsai::cpu {
 
 namespace {
 
-constexpr int64_t kQ8Unit = 2 * static_cast<int64_t>(sizeof(block_q8_0));  // two blocks, as the kernels read them
-
-// Tile rows (4 rows of rb bytes at src, row after row) into the interleaved order at dst, or back.
-void interleave_tile(const uint8_t* src, uint8_t* dst, int64_t rb, Interleave il, bool forward) {
-    const int64_t n_units = il.lead / il.unit, rest = rb - il.lead;
-    for (int64_t i = 0; i < 4; ++i) {
-        for (int64_t k = 0; k < n_units; ++k) {
-            const uint8_t* s = forward ? src + i * rb + k * il.unit : src + (4 * k + i) * il.unit;
-            uint8_t* d = forward ? dst + (4 * k + i) * il.unit : dst + i * rb + k * il.unit;
-            std::memcpy(d, s, static_cast<size_t>(il.unit));
-        }
-        const uint8_t* s = forward ? src + i * rb + il.lead : src + 4 * il.lead + i * rest;
-        uint8_t* d = forward ? dst + 4 * il.lead + i * rest : dst + i * rb + il.lead;
-        std::memcpy(d, s, static_cast<size_t>(rest));
+// A full Q8_0_R4 tile (repack.h) from its 4 rows of rb bytes in the file's layout at src (forward),
+// or those rows from the tile at src.
+void interleave_q8_tile(const uint8_t* src, uint8_t* dst, int64_t rb, bool forward) {
+    constexpr int64_t bb = sizeof(block_q8_0), G = kQ8R4Blocks;
+    const int64_t nb = rb / bb, ng = nb / G, rest = nb - ng * G;
+    // n bytes at row_off of the rows and tile_off of the tile
+    auto piece = [&](int64_t row_off, int64_t tile_off, int64_t n) {
+        if (forward) std::memcpy(dst + tile_off, src + row_off, static_cast<size_t>(n));
+        else std::memcpy(dst + row_off, src + tile_off, static_cast<size_t>(n));
+    };
+    for (int64_t c = 0; c < 4; ++c) {
+        for (int64_t g = 0; g < ng; ++g)
+            for (int64_t j = 0; j < G; ++j) {
+                const int64_t blk = c * rb + (G * g + j) * bb;
+                for (int64_t h = 0; h < 2; ++h)
+                    piece(blk + 2 + 16 * h, q8r4_codes_offset(g) + 128 * c + 64 * h + 16 * j, 16);
+                piece(blk, q8r4_scales_offset(nb, g) + 8 * j + 2 * c, 2);
+            }
+        piece(c * rb + G * ng * bb, q8r4_rest_offset(nb) + c * rest * bb, rest * bb);
     }
 }
 
@@ -36,7 +41,7 @@ void repack_tile(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t n, int
         const int64_t nb = row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0));
         for (int64_t i = 0; i < n; ++i) pack_ptq1_0_x8_row(src + i * row_bytes, dst + i * row_bytes, nb);
     } else if (full) {
-        interleave_tile(src, dst, row_bytes, interleave_of(type, row_bytes), true);
+        interleave_q8_tile(src, dst, row_bytes, true);
     } else {
         std::memcpy(dst, src, static_cast<size_t>(n * row_bytes));
     }
@@ -63,10 +68,7 @@ GgmlType file_type(GgmlType type) {
 
 bool is_repacked(GgmlType type) { return file_type(type) != type; }
 
-Interleave interleave_of(GgmlType type, int64_t row_bytes) {
-    if (type == TYPE_Q8_0_R4) return Interleave{kQ8Unit, row_bytes / kQ8Unit * kQ8Unit};
-    return Interleave{};
-}
+bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4; }
 
 void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
                  int64_t r1) {
@@ -97,20 +99,19 @@ void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst) {
             unpack_ptq1_0_x8_row(data + r * rb, dst + (r - r0) * rb, rb / static_cast<int64_t>(sizeof(block_ptq1_0)));
         return;
     }
-    const Interleave il = interleave_of(w.type, rb);
     const int64_t full = w.rows / 4 * 4;
     std::vector<uint8_t> tile;  // only for a tile the range cuts (the GEMM's panels are whole tiles)
     for (int64_t r = r0; r < r1;) {
-        if (r >= full || !il.unit) {
+        if (r >= full || !rows_interleaved(w.type)) {
             std::memcpy(dst + (r - r0) * rb, data + r * rb, static_cast<size_t>((r1 - r) * rb));
             return;
         }
         const int64_t t = r / 4 * 4, e = std::min(r1, t + 4);
         if (r == t && e == t + 4) {
-            interleave_tile(data + t * rb, dst + (r - r0) * rb, rb, il, false);
+            interleave_q8_tile(data + t * rb, dst + (r - r0) * rb, rb, false);
         } else {
             tile.resize(static_cast<size_t>(4 * rb));
-            interleave_tile(data + t * rb, tile.data(), rb, il, false);
+            interleave_q8_tile(data + t * rb, tile.data(), rb, false);
             std::memcpy(dst + (r - r0) * rb, tile.data() + (r - t) * rb, static_cast<size_t>((e - r) * rb));
         }
         r = e;

@@ -6,18 +6,20 @@
 // the file's, so are the results.
 //   PTQ1_0_X8  PTQ1_0 rows of 8 or more blocks, each row regrouped eight blocks at a time
 //              (ptq1_0_x8.h).
-//   Q8_0_R4    Q8_0 rows of 2 or more blocks, interleaved four rows at a time (below).
+//   Q8_0_R4    Q8_0 rows of 2 or more blocks, four rows at a time in groups of four blocks (below).
 //
-// Interleaving by four: each full tile of 4 rows (rows 4t..4t+3) keeps the bytes [4t rb, 4(t+1) rb)
-// but stores the first `lead` bytes of every row as units of `unit` bytes, unit-major (unit k of
-// the tile's row i at 4 k unit + i unit), then the rest of each row, row after row (4 lead +
-// i (rb - lead)). A tile is then one run of memory that the 4-row tile reads front to back: one
-// stream instead of four interleaved ones, which the hardware prefetchers follow better (a Q8_0
-// output head read 15-24% faster when other tenants use the memory bandwidth). Rows past the last
-// full tile stay as they are. (Tried on Zen 4: groups of four blocks, each row's codes 0..15 and
-// 16..31 of the group in two vectors and the scales apart, halve the one-token tile's work from
-// the cache, but the cold head read slower, 19 against 24 GB/s on one core, 25-30 against 29-31 on
-// two.)
+// Q8_0_R4: each full tile of 4 rows (rows 4t..4t+3, nb blocks each) keeps the bytes
+// [4t rb, 4(t+1) rb) as groups of four blocks (nb / 4 of them), then the blocks after the last
+// group (nb % 4), row after row in the file's layout, at q8r4_rest_offset. A group is 512 bytes of
+// codes at q8r4_codes_offset, row c's 128 at + 128 c: the codes 0..15 of the group's blocks 0..3
+// (16 bytes each), then their codes 16..31; and 32 bytes of scales at q8r4_scales_offset, block j
+// of row c at + 8 j + 2 c. Groups go in pairs, the pair's codes then its scales (1088 bytes,
+// 17 cache lines), so the one-token tile reads its tile strictly front to back, one stream that
+// the hardware prefetchers follow on their own: with all scales after all of the tile's codes
+// instead, the cold head read at 12 GB/s on one Zen 4 core (hardware prefetch only; 19 with
+// software prefetches), in pairs at 30, where the probe reads 28-31. Each row's vector holds whole
+// blocks in 128-bit chunks, so the four rows' sums reduce to [block][row] without cross-lane
+// moves. Rows past the last full tile stay as they are.
 #pragma once
 
 #include <cstdint>
@@ -27,18 +29,23 @@
 
 namespace bonsai::cpu {
 
-struct Interleave {
-    int64_t unit = 0;  // bytes of a unit; 0: rows not interleaved
-    int64_t lead = 0;  // bytes of a row stored unit-major (a multiple of unit)
-};
-
 // The type Model::load stores a weight of `type` and `cols` columns as (type itself: unchanged).
 GgmlType repacked_type(GgmlType type, int64_t cols);
 // The file's type of a repacked type (any other type: itself).
 GgmlType file_type(GgmlType type);
 bool is_repacked(GgmlType type);
-// How rows of a repacked type with row_bytes bytes each are interleaved.
-Interleave interleave_of(GgmlType type, int64_t row_bytes);
+// Whether a repacked type's full tiles interleave their four rows (Q8_0_R4): every kernel but the
+// one-token AVX-512 tile reads them through unpack_rows.
+bool rows_interleaved(GgmlType type);
+
+// Q8_0_R4 tiles (above): blocks per group, and where a tile of nb-block rows keeps group g's codes
+// and scales and the blocks after its groups.
+constexpr int64_t kQ8R4Blocks = 4;
+constexpr int64_t q8r4_codes_offset(int64_t g) { return g / 2 * 1088 + g % 2 * 512; }
+constexpr int64_t q8r4_scales_offset(int64_t nb, int64_t g) {
+    return g / 2 * 1088 + (g / 2 * 2 + 1 < nb / kQ8R4Blocks ? 1024 : 512) + g % 2 * 32;
+}
+constexpr int64_t q8r4_rest_offset(int64_t nb) { return nb / kQ8R4Blocks * 544; }
 
 // Rows [r0, r1) of a weight of `rows` rows, row_bytes each, from the file's layout at src to
 // repacked_type(file)'s at dst (the same offsets: row r's bytes stay in [r rb, (r + 1) rb) of its
