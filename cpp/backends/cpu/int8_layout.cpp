@@ -142,25 +142,6 @@ const Int8Layout* one_token_ptq1_0_x8() {
     return &x8.layout;
 }
 
-const LayoutEntry* entries();
-
-// The one-token AVX-512 layout of Q8_0_R4 (its rest: Q8_0's).
-const Int8Layout* one_token_q8_0_r4() {
-    static LayoutEntry r4;
-    static const bool done = [] {
-        r4.map.resize(2 * 64);
-        for (int v = 0; v < 2; ++v)
-            for (int p = 0; p < 64; ++p) r4.map[v * 64 + p] = static_cast<int16_t>(32 * (p / 16) + 16 * v + p % 16);
-        r4.layout = Int8Layout{static_cast<int>(kQ8R4Blocks), 2, 0, true, QK8_0,
-                               static_cast<int>(sizeof(block_q8_0)), 0, nullptr, &entries()[7].layout, nullptr,
-                               nullptr};
-        r4.finish();
-        return true;
-    }();
-    (void)done;
-    return &r4.layout;
-}
-
 const LayoutEntry* entries() {
     static LayoutEntry table[] = {
         make_entry(TYPE_PTQ1_0, 2, 5, 1, false),     make_entry(TYPE_TQ1_0, 1, 5, 1, false),
@@ -174,6 +155,23 @@ const LayoutEntry* entries() {
     }();
     (void)done;
     return table;
+}
+
+// The one-token AVX-512 layout of Q8_0_R4 (its rest: Q8_0's).
+const Int8Layout* one_token_q8_0_r4() {
+    static LayoutEntry r4;
+    static const bool done = [] {
+        r4.map.resize(2 * 64);
+        for (int v = 0; v < 2; ++v)
+            for (int p = 0; p < 64; ++p) r4.map[v * 64 + p] = static_cast<int16_t>(32 * (p / 16) + 16 * v + p % 16);
+        r4.layout = Int8Layout{static_cast<int>(kQ8R4Blocks), 2, 0, true, QK8_0,
+                               static_cast<int>(sizeof(block_q8_0)), 0, nullptr, int8_layout(TYPE_Q8_0), nullptr,
+                               nullptr};
+        r4.finish();
+        return true;
+    }();
+    (void)done;
+    return &r4.layout;
 }
 
 }  // namespace

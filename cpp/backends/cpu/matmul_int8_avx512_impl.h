@@ -502,18 +502,13 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
             for (int64_t r = r0; r < r1;) {
                 const uint8_t* p0 = base + r * rb;
                 const int64_t n_out = r + 4 <= full ? 4 : 1;
-                __m128 v;
-                if (n_out == 4) {
-                    v = tile_q8r4<true>(p0, nb, act, asum);
-                    if (rest)
-                        v = tile_rows<KQ8, false>(p0 + q8r4_rest_offset(nb), rest * bb, act_rest,
-                                                  asum + ng * kQ8R4Blocks, rest, prefetch_stride, base, end, v);
-                } else {  // a row in the file's layout, as four copies
-                    v = tile_q8r4<false>(p0, nb, act, asum);
-                    if (rest)
-                        v = tile_rows<KQ8, false>(p0 + ng * kQ8R4Blocks * bb, 0, act_rest,
-                                                  asum + ng * kQ8R4Blocks, rest, prefetch_stride, base, end, v);
-                }
+                // a full tile, or a row in the file's layout read as four copies; then the blocks after
+                // the groups (a tile's rows after one another, or the row's own)
+                __m128 v = n_out == 4 ? tile_q8r4<true>(p0, nb, act, asum) : tile_q8r4<false>(p0, nb, act, asum);
+                if (rest)
+                    v = tile_rows<KQ8, false>(p0 + (n_out == 4 ? q8r4_rest_offset(nb) : ng * kQ8R4Blocks * bb),
+                                              n_out == 4 ? rest * bb : 0, act_rest, asum + ng * kQ8R4Blocks, rest,
+                                              prefetch_stride, base, end, v);
                 alignas(16) float out[4];
                 _mm_store_ps(out, _mm_mul_ps(v, _mm_set1_ps(a.scale[t])));
                 for (int64_t i = 0; i < n_out; ++i) y[t * rows + r + i] = out[i];
