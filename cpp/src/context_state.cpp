@@ -91,9 +91,16 @@ std::vector<uint8_t> Context::save_seq_state(int seq) const {
     put(out, static_cast<uint32_t>(cells.size()));
     for (int32_t c : cells) put(out, kv_->cell_pos(c));
     const KvCacheParams& kp = kv_->params();
+    std::vector<uint8_t> row(std::max(kv_->k_row_bytes(), kv_->v_row_bytes()));
     for (int64_t il = kp.first_layer; il < kp.n_layer; ++il) {
-        for (int32_t c : cells) put_bytes(out, kv_->k_row(il, c), kv_->k_row_bytes());
-        for (int32_t c : cells) put_bytes(out, kv_->v_row(il, c), kv_->v_row_bytes());
+        for (int32_t c : cells) {
+            kv_->get_k_row(il, c, row.data());
+            put_bytes(out, row.data(), kv_->k_row_bytes());
+        }
+        for (int32_t c : cells) {
+            kv_->get_v_row(il, c, row.data());
+            put_bytes(out, row.data(), kv_->v_row_bytes());
+        }
     }
     if (rs_) {
         auto& rs = const_cast<RecurrentState&>(*rs_);  // seq_data is read here, not written
@@ -155,12 +162,8 @@ void Context::load_seq_state(int seq, const uint8_t* data, size_t size) {
     for (uint32_t i = 0; i < n; ++i) kv_->claim(cells[i], pos[i], bit);
     for (size_t l = 0; l < n_kv_layers; ++l) {
         const int64_t il = kp.first_layer + static_cast<int64_t>(l);
-        for (uint32_t i = 0; i < n; ++i, rows += kv_->k_row_bytes()) {
-            std::memcpy(kv_->k_row_mut(il, cells[i]), rows, kv_->k_row_bytes());
-        }
-        for (uint32_t i = 0; i < n; ++i, rows += kv_->v_row_bytes()) {
-            std::memcpy(kv_->v_row_mut(il, cells[i]), rows, kv_->v_row_bytes());
-        }
+        for (uint32_t i = 0; i < n; ++i, rows += kv_->k_row_bytes()) kv_->set_k_row(il, cells[i], rows);
+        for (uint32_t i = 0; i < n; ++i, rows += kv_->v_row_bytes()) kv_->set_v_row(il, cells[i], rows);
     }
     if (rs_) {
         std::memcpy(rs_->seq_data(seq, false), live, rs_floats * sizeof(float));

@@ -2,6 +2,7 @@
 #include "bonsai/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "bonsai/error.h"
@@ -41,6 +42,8 @@ KvCache::KvCache(const KvCacheParams& p) : p_(p) {
     bytes_needed(p);
     k_row_bytes_ = type_row_bytes(p.type_k, p.n_embd_kv);
     v_row_bytes_ = type_row_bytes(p.type_v, p.n_embd_kv);
+    k_head_bytes_ = type_row_bytes(p.type_k, p.head_dim);
+    v_head_bytes_ = type_row_bytes(p.type_v, p.head_dim);
     const size_t rows = static_cast<size_t>(p.n_cells) * (p.n_layer - p.first_layer);
     k_.assign(rows * k_row_bytes_, 0);
     v_.assign(rows * v_row_bytes_, 0);
@@ -75,9 +78,73 @@ static void convert_row(GgmlType t, const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
+size_t KvCache::k_tile_index(int64_t cell, int64_t d) const {
+    const int64_t t = cell / kKTile, w = std::min(kKTile, p_.n_cells - t * kKTile);
+    return static_cast<size_t>(t * kKTile * p_.head_dim + d * w + cell % kKTile);
+}
+
 void KvCache::store(int64_t layer, int32_t cell, const float* k, const float* v) {
-    convert_row(p_.type_k, k, const_cast<uint8_t*>(k_row(layer, cell)), p_.n_embd_kv);
-    convert_row(p_.type_v, v, const_cast<uint8_t*>(v_row(layer, cell)), p_.n_embd_kv);
+    const int64_t hd = p_.head_dim;
+    for (int64_t h = 0; h < n_head_kv(); ++h) {
+        uint8_t* kp = k_.data() + panel_offset(layer, h, k_head_bytes_);
+        if (k_tiled()) {
+            uint16_t* halves = reinterpret_cast<uint16_t*>(kp);
+            for (int64_t d = 0; d < hd; ++d) halves[k_tile_index(cell, d)] = fp32_to_fp16(k[h * hd + d]);
+        } else {
+            convert_row(p_.type_k, k + h * hd, kp + cell * k_head_bytes_, hd);
+        }
+        convert_row(p_.type_v, v + h * hd, v_.data() + panel_offset(layer, h, v_head_bytes_) + cell * v_head_bytes_, hd);
+    }
+}
+
+void KvCache::k_head_floats(int64_t layer, int64_t cell, int64_t h, float* out) const {
+    const uint8_t* kp = k_panel(layer, h);
+    if (k_tiled()) {
+        const uint16_t* halves = reinterpret_cast<const uint16_t*>(kp);
+        for (int64_t d = 0; d < p_.head_dim; ++d) out[d] = fp16_to_fp32(halves[k_tile_index(cell, d)]);
+    } else {
+        dequantize_row(p_.type_k, kp + cell * k_head_bytes_, out, p_.head_dim);
+    }
+}
+
+void KvCache::get_k_row(int64_t layer, int64_t cell, uint8_t* row) const {
+    for (int64_t h = 0; h < n_head_kv(); ++h) {
+        uint8_t* dst = row + h * k_head_bytes_;
+        if (k_tiled()) {
+            const uint16_t* halves = reinterpret_cast<const uint16_t*>(k_panel(layer, h));
+            for (int64_t d = 0; d < p_.head_dim; ++d) {
+                std::memcpy(dst + 2 * d, halves + k_tile_index(cell, d), 2);
+            }
+        } else {
+            std::memcpy(dst, k_panel(layer, h) + cell * k_head_bytes_, k_head_bytes_);
+        }
+    }
+}
+
+void KvCache::set_k_row(int64_t layer, int64_t cell, const uint8_t* row) {
+    for (int64_t h = 0; h < n_head_kv(); ++h) {
+        const uint8_t* src = row + h * k_head_bytes_;
+        uint8_t* kp = k_.data() + panel_offset(layer, h, k_head_bytes_);
+        if (k_tiled()) {
+            uint16_t* halves = reinterpret_cast<uint16_t*>(kp);
+            for (int64_t d = 0; d < p_.head_dim; ++d) std::memcpy(halves + k_tile_index(cell, d), src + 2 * d, 2);
+        } else {
+            std::memcpy(kp + cell * k_head_bytes_, src, k_head_bytes_);
+        }
+    }
+}
+
+void KvCache::get_v_row(int64_t layer, int64_t cell, uint8_t* row) const {
+    for (int64_t h = 0; h < n_head_kv(); ++h) {
+        std::memcpy(row + h * v_head_bytes_, v_panel(layer, h) + cell * v_head_bytes_, v_head_bytes_);
+    }
+}
+
+void KvCache::set_v_row(int64_t layer, int64_t cell, const uint8_t* row) {
+    for (int64_t h = 0; h < n_head_kv(); ++h) {
+        std::memcpy(v_.data() + panel_offset(layer, h, v_head_bytes_) + cell * v_head_bytes_, row + h * v_head_bytes_,
+                    v_head_bytes_);
+    }
 }
 
 void KvCache::update_used_end() {

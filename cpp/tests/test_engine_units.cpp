@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -114,10 +115,42 @@ static void test_kv_cache() {
         v[i] = std::cos(0.2f * i);
     }
     kv.store(1, 5, k.data(), v.data());
-    dequantize_row(TYPE_Q8_0, kv.k_row(1, 5), back.data(), 64);
+    std::vector<uint8_t> row(kv.k_row_bytes() + kv.v_row_bytes());
+    kv.get_k_row(1, 5, row.data());
+    dequantize_row(TYPE_Q8_0, row.data(), back.data(), 64);
     for (int i = 0; i < 64; ++i) CHECK(std::fabs(back[i] - k[i]) <= 3.0f / 127.0f);
-    dequantize_row(TYPE_F16, kv.v_row(1, 5), back.data(), 64);
+    kv.get_v_row(1, 5, row.data());
+    dequantize_row(TYPE_F16, row.data(), back.data(), 64);
     for (int i = 0; i < 64; ++i) CHECK(std::fabs(back[i] - v[i]) <= 1e-3f);
+    // head-major panels: head 1's V of cell 5 at cell 5 of its panel
+    CHECK(std::memcmp(kv.v_panel(1, 1) + 5 * kv.v_head_bytes(), row.data() + 64, 64) == 0);
+
+    // An F16 K panel is tiled (16 cells a tile, a last partial tile of n_cells % 16): every cell and
+    // dimension comes back where it was stored, through the row copies and the head reader.
+    KvCacheParams pt = p;
+    pt.n_cells = 21;
+    pt.type_k = TYPE_F16;
+    KvCache kt(pt);
+    CHECK(kt.k_tiled());
+    std::vector<float> kk(64), got(32);
+    for (int c = 0; c < 21; ++c) {
+        for (int i = 0; i < 64; ++i) kk[i] = static_cast<float>(c * 64 + i);
+        kt.store(0, c, kk.data(), v.data());
+    }
+    const uint16_t* tiles = reinterpret_cast<const uint16_t*>(kt.k_panel(0, 1));
+    CHECK(fp16_to_fp32(tiles[3 * 16 + 2]) == 2 * 64 + 32 + 3);        // cell 2, head 1, dim 3
+    CHECK(fp16_to_fp32(tiles[16 * 32 + 3 * 5 + 4]) == 20 * 64 + 32 + 3);  // cell 20: tile 1, width 5
+    std::vector<uint8_t> krow(kt.k_row_bytes());
+    for (int c = 0; c < 21; ++c) {
+        kt.k_head_floats(0, c, 1, got.data());
+        for (int i = 0; i < 32; ++i) CHECK(got[i] == static_cast<float>(c * 64 + 32 + i));
+        kt.get_k_row(0, c, krow.data());
+        kt.set_k_row(1, 20 - c, krow.data());
+    }
+    for (int c = 0; c < 21; ++c) {
+        kt.k_head_floats(1, 20 - c, 0, got.data());
+        for (int i = 0; i < 32; ++i) CHECK(got[i] == static_cast<float>(c * 64 + i));
+    }
 
     p.head_dim = 16;
     p.n_embd_kv = 64;

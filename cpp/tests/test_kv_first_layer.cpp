@@ -35,15 +35,17 @@ int main() {
         }
     }
     std::vector<float> got(64);
+    std::vector<uint8_t> vrow(kv.v_row_bytes());
     for (int il = 3; il < 5; ++il) {
         for (int c = 0; c < 8; ++c) {
-            dequantize_row(TYPE_F16, kv.k_row(il, c), got.data(), 64);
+            kv.k_head_floats(il, c, 0, got.data());
             CHECK(got[0] == static_cast<float>(il * 100 + c));
-            dequantize_row(TYPE_Q8_0, kv.v_row(il, c), got.data(), 64);
+            kv.get_v_row(il, c, vrow.data());
+            dequantize_row(TYPE_Q8_0, vrow.data(), got.data(), 64);
             CHECK(got[0] < 0.0f);
         }
     }
-    CHECK(kv.k_row(3, 0) == kv.k_row(4, 0) - 8 * type_row_bytes(TYPE_F16, 64));
+    CHECK(kv.k_panel(3, 0) == kv.k_panel(4, 0) - 8 * type_row_bytes(TYPE_F16, 64));
     p.first_layer = 5;  // every layer offloaded: metadata only, no rows
     CHECK(KvCache::bytes_needed(p) == 0);
     KvCache empty(p);

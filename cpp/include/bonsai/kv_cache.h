@@ -1,9 +1,17 @@
 // The key/value cache of one context: a fixed pool of cells, allocated once when the context is
 // created, each holding the K and V rows of one token for every layer.
 //
-// Layout: k_[layer][cell] is one row of n_embd_kv = n_head_kv * head_dim elements stored in
-// type_k (F16, or Q8_0 blocks of 32 along the row, so head h's slice starts at block
-// h * head_dim / 32); v_ likewise in type_v. K and V types are chosen independently.
+// Layout: head-major, so that attention reads one kv head's cells as one contiguous stream. For
+// each stored layer and kv head h there is a K panel and a V panel of n_cells cells:
+//   V, and K stored as Q8_0: cell c's head_dim elements at c * head bytes (Q8_0: blocks of 32
+//     along the head);
+//   K stored as F16: transposed in tiles of kKTile = 16 cells, so that one load reads one
+//     dimension of 16 cells (attention's score pass multiplies it by each query head's element,
+//     with no transposition): element d of cell c is the half at t * 16 * head_dim + d * w + c % 16
+//     of the panel, t = c / 16, w = 16 (or n_cells % 16 for a last partial tile).
+// The whole row of a token (n_embd_kv = n_head_kv * head_dim elements in type_k, heads in order,
+// the GPU cache's and the saved state's form) is read and written by get/set_k_row (v likewise).
+// K and V types are chosen independently.
 //
 // Cells carry the token position and the set of sequences that share them (a bit mask, so at most
 // 64 sequences); a cell whose mask is empty is free. A token of sequence s at position p attends to
@@ -62,16 +70,25 @@ public:
 
     // Converts one token's k and v rows (n_embd_kv floats each) into the cache types.
     void store(int64_t layer, int32_t cell, const float* k, const float* v);
-    const uint8_t* k_row(int64_t layer, int64_t cell) const {
-        return k_.data() + (static_cast<size_t>(layer - p_.first_layer) * p_.n_cells + cell) * k_row_bytes_;
-    }
-    const uint8_t* v_row(int64_t layer, int64_t cell) const {
-        return v_.data() + (static_cast<size_t>(layer - p_.first_layer) * p_.n_cells + cell) * v_row_bytes_;
-    }
 
-    // Writable rows, for restoring a saved sequence (Context::load_seq_state).
-    uint8_t* k_row_mut(int64_t layer, int64_t cell) { return const_cast<uint8_t*>(k_row(layer, cell)); }
-    uint8_t* v_row_mut(int64_t layer, int64_t cell) { return const_cast<uint8_t*>(v_row(layer, cell)); }
+    static constexpr int64_t kKTile = 16;  // cells per transposed tile of an F16 K panel
+    int64_t n_head_kv() const { return p_.n_embd_kv / p_.head_dim; }
+    bool k_tiled() const { return p_.type_k == TYPE_F16; }
+    // Bytes of one cell's slice of one head (type_k / type_v, head_dim elements).
+    size_t k_head_bytes() const { return k_head_bytes_; }
+    size_t v_head_bytes() const { return v_head_bytes_; }
+    // The panels of kv head h in a stored layer (see the layout above).
+    const uint8_t* k_panel(int64_t layer, int64_t h) const { return k_.data() + panel_offset(layer, h, k_head_bytes_); }
+    const uint8_t* v_panel(int64_t layer, int64_t h) const { return v_.data() + panel_offset(layer, h, v_head_bytes_); }
+    // Head h's K of a cell as floats (head_dim of them), whichever layout holds it.
+    void k_head_floats(int64_t layer, int64_t cell, int64_t h, float* out) const;
+
+    // A token's whole row (k_row_bytes / v_row_bytes: n_embd_kv elements in the cache type, heads
+    // in order), copied out of or into the panels: the saved sequence state's form.
+    void get_k_row(int64_t layer, int64_t cell, uint8_t* row) const;
+    void get_v_row(int64_t layer, int64_t cell, uint8_t* row) const;
+    void set_k_row(int64_t layer, int64_t cell, const uint8_t* row);
+    void set_v_row(int64_t layer, int64_t cell, const uint8_t* row);
 
     // Sequence operations; p1 < 0 means "to the end", seq < 0 in seq_rm means every sequence.
     void seq_rm(int seq, int32_t p0, int32_t p1);
@@ -83,9 +100,14 @@ public:
 
 private:
     void update_used_end();
+    size_t panel_offset(int64_t layer, int64_t h, size_t head_bytes) const {
+        return ((static_cast<size_t>(layer - p_.first_layer) * n_head_kv() + h) * p_.n_cells) * head_bytes;
+    }
+    // Half index of (cell, d) in an F16 K panel (the tiled layout above).
+    size_t k_tile_index(int64_t cell, int64_t d) const;
 
     KvCacheParams p_;
-    size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
+    size_t k_row_bytes_ = 0, v_row_bytes_ = 0, k_head_bytes_ = 0, v_head_bytes_ = 0;
     std::vector<uint8_t> k_, v_;
     std::vector<int32_t> pos_;
     std::vector<uint64_t> seq_;
