@@ -78,9 +78,12 @@ static void convert_row(GgmlType t, const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
+int64_t KvCache::k_tile_width(int64_t cell) const {
+    return std::min(kKTile, p_.n_cells - cell / kKTile * kKTile);
+}
+
 size_t KvCache::k_tile_index(int64_t cell, int64_t d) const {
-    const int64_t t = cell / kKTile, w = std::min(kKTile, p_.n_cells - t * kKTile);
-    return static_cast<size_t>(t * kKTile * p_.head_dim + d * w + cell % kKTile);
+    return static_cast<size_t>(cell / kKTile * kKTile * p_.head_dim + d * k_tile_width(cell) + cell % kKTile);
 }
 
 void KvCache::store(int64_t layer, int32_t cell, const float* k, const float* v) {
@@ -88,12 +91,30 @@ void KvCache::store(int64_t layer, int32_t cell, const float* k, const float* v)
     for (int64_t h = 0; h < n_head_kv(); ++h) {
         uint8_t* kp = k_.data() + panel_offset(layer, h, k_head_bytes_);
         if (k_tiled()) {
-            uint16_t* halves = reinterpret_cast<uint16_t*>(kp);
-            for (int64_t d = 0; d < hd; ++d) halves[k_tile_index(cell, d)] = fp32_to_fp16(k[h * hd + d]);
+            uint16_t* halves = reinterpret_cast<uint16_t*>(kp) + k_tile_index(cell, 0);
+            const int64_t w = k_tile_width(cell);
+            for (int64_t d = 0; d < hd; ++d) halves[d * w] = fp32_to_fp16(k[h * hd + d]);
         } else {
             convert_row(p_.type_k, k + h * hd, kp + cell * k_head_bytes_, hd);
         }
         convert_row(p_.type_v, v + h * hd, v_.data() + panel_offset(layer, h, v_head_bytes_) + cell * v_head_bytes_, hd);
+    }
+}
+
+void KvCache::prefetch_store(int64_t layer, int32_t cell) const {
+    if (layer < p_.first_layer || layer >= p_.n_layer) return;
+    constexpr int64_t kLine = 64;
+    for (int64_t h = 0; h < n_head_kv(); ++h) {
+        if (k_tiled()) {
+            const uint16_t* halves = reinterpret_cast<const uint16_t*>(k_panel(layer, h)) + k_tile_index(cell, 0);
+            const int64_t w = k_tile_width(cell), step = std::max<int64_t>(1, kLine / (2 * w));  // dimensions a line
+            for (int64_t d = 0; d < p_.head_dim; d += step) __builtin_prefetch(halves + d * w, 1, 3);
+        } else {
+            const uint8_t* row = k_panel(layer, h) + cell * k_head_bytes_;
+            for (size_t o = 0; o < k_head_bytes_; o += kLine) __builtin_prefetch(row + o, 1, 3);
+        }
+        const uint8_t* row = v_panel(layer, h) + cell * v_head_bytes_;
+        for (size_t o = 0; o < v_head_bytes_; o += kLine) __builtin_prefetch(row + o, 1, 3);
     }
 }
 

@@ -70,6 +70,10 @@ public:
 
     // Converts one token's k and v rows (n_embd_kv floats each) into the cache types.
     void store(int64_t layer, int32_t cell, const float* k, const float* v);
+    // Asks for the cache lines a later store(layer, cell, ...) writes, with intent to write: an F16
+    // K cell is one half in each of head_dim * n_head_kv lines, which would otherwise be fetched
+    // one by one by the stores (a no-op for a layer that is not stored here).
+    void prefetch_store(int64_t layer, int32_t cell) const;
 
     static constexpr int64_t kKTile = 16;  // cells per transposed tile of an F16 K panel
     int64_t n_head_kv() const { return p_.n_embd_kv / p_.head_dim; }
@@ -103,8 +107,10 @@ private:
     size_t panel_offset(int64_t layer, int64_t h, size_t head_bytes) const {
         return ((static_cast<size_t>(layer - p_.first_layer) * n_head_kv() + h) * p_.n_cells) * head_bytes;
     }
-    // Half index of (cell, d) in an F16 K panel (the tiled layout above).
+    // Half index of (cell, d) in an F16 K panel (the tiled layout above); the cells of the cell's
+    // tile (its halves' stride between dimensions).
     size_t k_tile_index(int64_t cell, int64_t d) const;
+    int64_t k_tile_width(int64_t cell) const;
 
     KvCacheParams p_;
     size_t k_row_bytes_ = 0, v_row_bytes_ = 0, k_head_bytes_ = 0, v_head_bytes_ = 0;

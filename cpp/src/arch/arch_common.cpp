@@ -11,6 +11,9 @@
 
 namespace bonsai {
 
+// Tokens of a step up to which attention_heads prefetches the next KV layer's store lines.
+constexpr int64_t kPrefetchStoreTokens = 4;
+
 const ArchSpec& find_arch(const std::string& name) {
     for (const ArchSpec* a : {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchQwen35}) {
         if (name == a->name) return *a;
@@ -143,6 +146,11 @@ void attention_heads(const Model& m, int64_t il, ForwardState& st) {
         rope_apply(st.k, st.n_tokens, hp.n_head_kv, hp.head_dim, rp, st.rope_cs);
         for (int64_t t = 0; t < st.n_tokens; ++t) {
             st.kv->store(il, st.cell[t], st.k + t * hp.n_embd_kv(), st.v + t * hp.n_embd_kv());
+        }
+        // The next KV layer's lines for the same cells arrive while this layer finishes (decode only:
+        // a prompt's tokens fill whole tiles, which stay in cache across its stores).
+        if (st.n_tokens <= kPrefetchStoreTokens) {
+            for (int64_t t = 0; t < st.n_tokens; ++t) st.kv->prefetch_store(il + 1, st.cell[t]);
         }
     }
     AttentionArgs a;
