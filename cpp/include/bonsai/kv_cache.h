@@ -71,8 +71,9 @@ public:
     // Converts one token's k and v rows (n_embd_kv floats each) into the cache types.
     void store(int64_t layer, int32_t cell, const float* k, const float* v);
     // Asks for the cache lines a later store(layer, cell, ...) writes, with intent to write: an F16
-    // K cell is one half in each of head_dim * n_head_kv lines, which would otherwise be fetched
-    // one by one by the stores (a no-op for a layer that is not stored here).
+    // K cell's halves lie in head_dim / 2 lines of each head's panel (a line holds two dimensions
+    // of a full tile), which the stores would otherwise fetch one by one (a no-op for a layer that
+    // is not stored here).
     void prefetch_store(int64_t layer, int32_t cell) const;
 
     static constexpr int64_t kKTile = 16;  // cells per transposed tile of an F16 K panel
@@ -107,8 +108,8 @@ private:
     size_t panel_offset(int64_t layer, int64_t h, size_t head_bytes) const {
         return ((static_cast<size_t>(layer - p_.first_layer) * n_head_kv() + h) * p_.n_cells) * head_bytes;
     }
-    // Half index of (cell, d) in an F16 K panel (the tiled layout above); the cells of the cell's
-    // tile (its halves' stride between dimensions).
+    // Half index of (cell, d) in an F16 K panel (the tiled layout above), and the width of the
+    // cell's tile: its cells, the stride in halves from one dimension to the next.
     size_t k_tile_index(int64_t cell, int64_t d) const;
     int64_t k_tile_width(int64_t cell) const;
 
