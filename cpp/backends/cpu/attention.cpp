@@ -195,7 +195,8 @@ BONSAI_AVX512 inline __m512 reduce4x4(const __m512* a) {
 
 // acc + *p * v, with *p broadcast by the FMA itself (an embedded-broadcast memory operand). Written
 // out because GCC loads a value two FMAs share once, with a broadcast that on Zen 4 takes a slot of
-// the FP pipes the FMAs need (pass 2 with chunk pairs: 1.06x the time hot, one thread).
+// the FP pipes the FMAs need (with pass 2 in chunk pairs, a decode call took 1.07x the time in
+// cache on one thread).
 BONSAI_AVX512 inline __m512 fmadd_bcast(const float* p, __m512 v, __m512 acc) {
     __asm__("vfmadd231ps %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*p), "v"(v));
     return acc;
