@@ -82,8 +82,8 @@ int64_t KvCache::k_tile_width(int64_t cell) const {
     return std::min(kKTile, p_.n_cells - cell / kKTile * kKTile);
 }
 
-size_t KvCache::k_tile_index(int64_t cell, int64_t d) const {
-    return static_cast<size_t>(cell / kKTile * kKTile * p_.head_dim + d * k_tile_width(cell) + cell % kKTile);
+size_t KvCache::k_tile_start(int64_t cell) const {
+    return static_cast<size_t>(cell / kKTile * kKTile * p_.head_dim + cell % kKTile);
 }
 
 void KvCache::store(int64_t layer, int32_t cell, const float* k, const float* v) {
@@ -91,7 +91,7 @@ void KvCache::store(int64_t layer, int32_t cell, const float* k, const float* v)
     for (int64_t h = 0; h < n_head_kv(); ++h) {
         uint8_t* kp = k_.data() + panel_offset(layer, h, k_head_bytes_);
         if (k_tiled()) {
-            uint16_t* halves = reinterpret_cast<uint16_t*>(kp) + k_tile_index(cell, 0);
+            uint16_t* halves = reinterpret_cast<uint16_t*>(kp) + k_tile_start(cell);
             const int64_t w = k_tile_width(cell);
             for (int64_t d = 0; d < hd; ++d) halves[d * w] = fp32_to_fp16(k[h * hd + d]);
         } else {
@@ -106,7 +106,7 @@ void KvCache::prefetch_store(int64_t layer, int32_t cell) const {
     constexpr int64_t kLine = 64;
     for (int64_t h = 0; h < n_head_kv(); ++h) {
         if (k_tiled()) {
-            const uint16_t* halves = reinterpret_cast<const uint16_t*>(k_panel(layer, h)) + k_tile_index(cell, 0);
+            const uint16_t* halves = reinterpret_cast<const uint16_t*>(k_panel(layer, h)) + k_tile_start(cell);
             const int64_t w = k_tile_width(cell), step = std::max<int64_t>(1, kLine / (2 * w));  // dimensions a line
             for (int64_t d = 0; d < p_.head_dim; d += step) __builtin_prefetch(halves + d * w, 1, 3);
         } else {
@@ -121,8 +121,9 @@ void KvCache::prefetch_store(int64_t layer, int32_t cell) const {
 void KvCache::k_head_floats(int64_t layer, int64_t cell, int64_t h, float* out) const {
     const uint8_t* kp = k_panel(layer, h);
     if (k_tiled()) {
-        const uint16_t* halves = reinterpret_cast<const uint16_t*>(kp);
-        for (int64_t d = 0; d < p_.head_dim; ++d) out[d] = fp16_to_fp32(halves[k_tile_index(cell, d)]);
+        const uint16_t* halves = reinterpret_cast<const uint16_t*>(kp) + k_tile_start(cell);
+        const int64_t w = k_tile_width(cell);
+        for (int64_t d = 0; d < p_.head_dim; ++d) out[d] = fp16_to_fp32(halves[d * w]);
     } else {
         dequantize_row(p_.type_k, kp + cell * k_head_bytes_, out, p_.head_dim);
     }
@@ -132,10 +133,9 @@ void KvCache::get_k_row(int64_t layer, int64_t cell, uint8_t* row) const {
     for (int64_t h = 0; h < n_head_kv(); ++h) {
         uint8_t* dst = row + h * k_head_bytes_;
         if (k_tiled()) {
-            const uint16_t* halves = reinterpret_cast<const uint16_t*>(k_panel(layer, h));
-            for (int64_t d = 0; d < p_.head_dim; ++d) {
-                std::memcpy(dst + 2 * d, halves + k_tile_index(cell, d), 2);
-            }
+            const uint16_t* halves = reinterpret_cast<const uint16_t*>(k_panel(layer, h)) + k_tile_start(cell);
+            const int64_t w = k_tile_width(cell);
+            for (int64_t d = 0; d < p_.head_dim; ++d) std::memcpy(dst + 2 * d, halves + d * w, 2);
         } else {
             std::memcpy(dst, k_panel(layer, h) + cell * k_head_bytes_, k_head_bytes_);
         }
@@ -147,8 +147,9 @@ void KvCache::set_k_row(int64_t layer, int64_t cell, const uint8_t* row) {
         const uint8_t* src = row + h * k_head_bytes_;
         uint8_t* kp = k_.data() + panel_offset(layer, h, k_head_bytes_);
         if (k_tiled()) {
-            uint16_t* halves = reinterpret_cast<uint16_t*>(kp);
-            for (int64_t d = 0; d < p_.head_dim; ++d) std::memcpy(halves + k_tile_index(cell, d), src + 2 * d, 2);
+            uint16_t* halves = reinterpret_cast<uint16_t*>(kp) + k_tile_start(cell);
+            const int64_t w = k_tile_width(cell);
+            for (int64_t d = 0; d < p_.head_dim; ++d) std::memcpy(halves + d * w, src + 2 * d, 2);
         } else {
             std::memcpy(kp + cell * k_head_bytes_, src, k_head_bytes_);
         }

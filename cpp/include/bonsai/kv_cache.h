@@ -108,9 +108,9 @@ private:
     size_t panel_offset(int64_t layer, int64_t h, size_t head_bytes) const {
         return ((static_cast<size_t>(layer - p_.first_layer) * n_head_kv() + h) * p_.n_cells) * head_bytes;
     }
-    // Half index of (cell, d) in an F16 K panel (the tiled layout above), and the width of the
-    // cell's tile: its cells, the stride in halves from one dimension to the next.
-    size_t k_tile_index(int64_t cell, int64_t d) const;
+    // Half index of the cell's dimension 0 in an F16 K panel (the tiled layout above), and the width
+    // of its tile: its cells, the stride in halves from one dimension to the next.
+    size_t k_tile_start(int64_t cell) const;
     int64_t k_tile_width(int64_t cell) const;
 
     KvCacheParams p_;
