@@ -177,7 +177,7 @@ const Int8Layout* one_token_q8_0_r4() {
 }  // namespace
 
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens) {
-    if (path == CpuPath::AVX512 && n_tokens == 1) {
+    if (path == CpuPath::AVX512 && n_tokens <= kTileBatchTokens) {
         if (type == TYPE_PTQ1_0) return one_token_ptq1_0();
         if (type == TYPE_PTQ1_0_X8) return one_token_ptq1_0_x8();
         if (type == TYPE_Q8_0_R4) return one_token_q8_0_r4();

@@ -263,13 +263,13 @@ template <class K>
 BONSAI_AVX2 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
-    if (a.n_tokens < 3) {
-        for (int64_t t = 0; t < a.n_tokens; ++t) {
-            const int8_t* act = a.slots + t * a.slot_bytes;
-            const int32_t* asum = a.asum + t * nb;
-            for (int64_t r = r0; r < r1; r += 4) {
-                const uint8_t* rp[4];
-                for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
+    if (a.n_tokens < 3) {  // (two tokens: each tile for both while its rows are in L1)
+        for (int64_t r = r0; r < r1; r += 4) {
+            const uint8_t* rp[4];
+            for (int i = 0; i < 4; ++i) rp[i] = base + std::min(r + i, r1 - 1) * w.row_bytes;
+            for (int64_t t = 0; t < a.n_tokens; ++t) {
+                const int8_t* act = a.slots + t * a.slot_bytes;
+                const int32_t* asum = a.asum + t * nb;
                 alignas(16) float out[4];
                 _mm_store_ps(out, _mm_mul_ps(tile_rows<K>(rp, act, asum, nb, kPrefetchRows * static_cast<int64_t>(w.row_bytes)), _mm_set1_ps(a.scale[t])));
                 for (int i = 0; i < 4 && r + i < r1; ++i) y[t * rows + r + i] = out[i];

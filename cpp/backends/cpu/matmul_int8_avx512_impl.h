@@ -481,8 +481,9 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
     const int64_t nu = (nb - (kX8 ? nb / kX8Blocks * kX8Blocks : 0) + KU::G - 1) / KU::G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     const uint8_t* end = base + rows * rb;
-    // One token at a time: two or more tokens normally go to the GEMM (matmul_int8_gemm_impl.h),
-    // which unpacks each weight once for all of them; this loop is its exact (slower) equivalent.
+    // Tile after tile, each for every token while its rows are in L1: up to kTileBatchTokens tokens
+    // (int8_layout.h); more normally go to the GEMM (matmul_int8_gemm_impl.h), which unpacks each
+    // weight once for all of them, and this loop is its exact (slower) equivalent.
     const int64_t prefetch_stride = kPrefetchRows * rb;
     // The tiles prefetch kPrefetchRows rows ahead, so a range starts cold: its first rows (one
     // contiguous span) are prefetched at once, their fetches overlapping instead of queueing behind
@@ -495,47 +496,47 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
     if constexpr (std::is_same_v<K, KQ8R4>) {  // full tiles interleaved, the rows after them one at a time
         const int64_t full = rows / 4 * 4, ng = nb / kQ8R4Blocks, rest = nb - ng * kQ8R4Blocks;
         constexpr int64_t bb = sizeof(block_q8_0);
-        for (int64_t t = 0; t < a.n_tokens; ++t) {
-            const int8_t* act = a.slots + t * a.slot_bytes;
-            const int32_t* asum = a.asum + t * nb;
-            const int8_t* act_rest = act + ng * 2 * 64;
-            for (int64_t r = r0; r < r1;) {
-                const uint8_t* p0 = base + r * rb;
-                const int64_t n_out = r + 4 <= full ? 4 : 1;
+        for (int64_t r = r0; r < r1;) {
+            const uint8_t* p0 = base + r * rb;
+            const int64_t n_out = r + 4 <= full ? 4 : 1;
+            for (int64_t t = 0; t < a.n_tokens; ++t) {
+                const int8_t* act = a.slots + t * a.slot_bytes;
+                const int32_t* asum = a.asum + t * nb;
                 // a full tile, or a row in the file's layout read as four copies; then the blocks after
                 // the groups (a tile's rows after one another, or the row's own)
                 __m128 v = n_out == 4 ? tile_q8r4<true>(p0, nb, act, asum) : tile_q8r4<false>(p0, nb, act, asum);
                 if (rest)
                     v = tile_rows<KQ8, false>(p0 + (n_out == 4 ? q8r4_rest_offset(nb) : ng * kQ8R4Blocks * bb),
-                                              n_out == 4 ? rest * bb : 0, act_rest, asum + ng * kQ8R4Blocks, rest,
-                                              prefetch_stride, base, end, v);
+                                              n_out == 4 ? rest * bb : 0, act + ng * 2 * 64, asum + ng * kQ8R4Blocks,
+                                              rest, prefetch_stride, base, end, v);
                 alignas(16) float out[4];
                 _mm_store_ps(out, _mm_mul_ps(v, _mm_set1_ps(a.scale[t])));
                 for (int64_t i = 0; i < n_out; ++i) y[t * rows + r + i] = out[i];
-                r += n_out;
             }
+            r += n_out;
         }
         return;
     }
     // A weight of fewer than 4 rows runs one row at a time (stride 0: four copies of the row).
     const int64_t step = rows < 4 ? 1 : 4, stride = rows < 4 ? 0 : rb;
-    for (int64_t t = 0; t < a.n_tokens; ++t) {
-        const int8_t* act = a.slots + t * a.slot_bytes;
-        const int32_t* asum = a.asum + t * nb;
-        for (int64_t r = r0; r < r1; r += step) {
-            // The tile's first row: r, or the full tile ending at r1 - 1 when fewer than 4 rows
-            // are left (its rows before r were stored already).
-            const int64_t t0 = step == 1 ? r : std::max<int64_t>(0, std::min(r, r1 - 4));
-            const uint8_t* p0 = base + t0 * rb;
+    for (int64_t r = r0; r < r1; r += step) {
+        // The tile's first row: r, or the full tile ending at r1 - 1 when fewer than 4 rows
+        // are left (its rows before r were stored already).
+        const int64_t t0 = step == 1 ? r : std::max<int64_t>(0, std::min(r, r1 - 4));
+        const uint8_t* p0 = base + t0 * rb;
+        bool edge = false;  // whether the tile's PTQ1_0 unit loads may reach outside the weight
+        if constexpr (kX8) edge = nu > 0 && KPtq1::edge(p0 + head, stride, nu, base, end);
+        if constexpr (std::is_same_v<K, KPtq1>) edge = K::edge(p0, stride, nu, base, end);
+        for (int64_t t = 0; t < a.n_tokens; ++t) {
+            const int8_t* act = a.slots + t * a.slot_bytes;
+            const int32_t* asum = a.asum + t * nb;
             __m128 v;
             if constexpr (kX8) {
-                v = nu > 0 && KPtq1::edge(p0 + head, stride, nu, base, end)
-                        ? tile_x8<true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
-                        : tile_x8<false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
+                v = edge ? tile_x8<true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
+                         : tile_x8<false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
             } else if constexpr (std::is_same_v<K, KPtq1>) {
-                v = K::edge(p0, stride, nu, base, end)
-                        ? tile_rows<K, true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
-                        : tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
+                v = edge ? tile_rows<K, true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
+                         : tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
             } else {  // (KU: R4 returned above)
                 v = tile_rows<KU, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
             }
