@@ -8,10 +8,14 @@ builds of the package, and its own --no-mmap / --act-mode), prefills --depth fix
 tokens and then decodes --n-gen tokens one at a time on command; the driver asks A and B for one
 token each, in A-B and B-A order on alternate tokens, for --rounds rounds (a round re-prefills).
 It prints the CPU, the load average, each side's median / p10 / mean time per token and the median
-of the per-token ratios B / A (< 1: B is faster), with its quartiles.
+of the per-token ratios B / A (< 1: B is faster), with its quartiles. With --sequences N each side
+holds N sequences (each prefilled with the same --depth tokens) and a step decodes one token of
+every sequence in one batch, with the logits of all N, as a server's continuous batching does; the
+times are then per step.
 
     PYTHONPATH=python python3 benchmarks/ab_decode.py MODEL.gguf --a-no-huge-pages
     python3 benchmarks/ab_decode.py MODEL.gguf --a-path /tmp/old/python --b-path python -t 2 --depth 2048
+    python3 benchmarks/ab_decode.py MODEL.gguf --a-path /tmp/old/python --b-path python --sequences 2
     PYTHONPATH=python python3 benchmarks/ab_decode.py PTQ1_0.gguf --b-model PQ2_0.gguf   (two files)
 """
 
@@ -30,10 +34,12 @@ import sys, time
 import numpy as np
 from bonsai_runner import _core
 path, threads, depth, n_gen, mmap, act_mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
+n_seq = int(sys.argv[9])
 # huge_pages / repack are passed only when turned off, so an older build (without them) can be side A
 off = {k: False for k, flag in (("huge_pages", sys.argv[7]), ("repack", sys.argv[8])) if flag == "0"}
 model = _core.Model(path, use_mmap=mmap, **off)
-ctx = _core.Context(model, n_ctx=depth + n_gen + 1, n_batch=512, n_threads=threads, act_mode=act_mode)
+ctx = _core.Context(model, n_ctx=n_seq * (depth + n_gen + 1), n_batch=512, n_threads=threads, act_mode=act_mode,
+                    **({"n_seq_max": n_seq} if n_seq > 1 else {}))
 rng = np.random.default_rng(0)
 n_vocab = model.n_vocab
 prompt = rng.integers(0, n_vocab, depth).tolist()
@@ -43,12 +49,19 @@ for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "prefill":
         ctx.clear()
-        for i in range(0, depth, 512):
-            ctx.decode(prompt[i:i + 512], logits="last")
+        for s in range(n_seq):
+            for i in range(0, depth, 512):
+                chunk = prompt[i:i + 512]
+                ctx.decode(chunk, seq_ids=[s] * len(chunk), logits="last")
         print("ok", flush=True)
     elif cmd[0] == "tok":
+        i = int(cmd[1])
+        tokens = [gen[(i + s) % n_gen] for s in range(n_seq)]
         t0 = time.perf_counter()
-        ctx.decode([gen[int(cmd[1])]], logits="last")
+        if n_seq == 1:
+            ctx.decode(tokens, logits="last")
+        else:
+            ctx.decode(tokens, seq_ids=list(range(n_seq)), logits="all")
         print(time.perf_counter() - t0, flush=True)
     else:
         break
@@ -64,7 +77,8 @@ class Worker:
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, str(model), str(args.threads), str(args.depth), str(args.n_gen),
-             "0" if no_mmap else "1", args.act_mode, "0" if no_huge_pages else "1", "0" if no_repack else "1"],
+             "0" if no_mmap else "1", args.act_mode, "0" if no_huge_pages else "1", "0" if no_repack else "1",
+             str(args.sequences)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.ask(None) != "ready":
             sys.exit(f"ab_decode: worker {name} did not start:\n{self.proc.communicate()[1]}")
@@ -113,7 +127,11 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=512, help="prompt tokens before the timed decodes (default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="timed tokens per round (default 128)")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--sequences", type=int, default=1,
+                   help="sequences decoded together, one token each per step (default 1)")
     args = p.parse_args()
+    if args.sequences < 1:
+        sys.exit(f"ab_decode: --sequences must be at least 1, got {args.sequences}")
     for m in (args.model, args.b_model or args.model):
         if not m.is_file():
             sys.exit(f"ab_decode: {m} is not a file; pass a GGUF model")
@@ -135,8 +153,10 @@ def main() -> None:
             ratios.append(got["B"] / got["A"])
     a.close()
     b.close()
+    unit = "token" if args.sequences == 1 else "step"
+    batch = "" if args.sequences == 1 else f", {args.sequences} sequences (one token each) a step"
     print(f"{cpu_name()}, {os.cpu_count()} CPUs; load average {min(loads):.2f}..{max(loads):.2f}; "
-          f"{len(ratios)} token pairs at depth {args.depth}..{args.depth + args.n_gen}, {args.threads} threads")
+          f"{len(ratios)} {unit} pairs at depth {args.depth}..{args.depth + args.n_gen}, {args.threads} threads{batch}")
     for side, path, model, no_mmap, no_hp, no_rp in (
             ("A", args.a_path, args.model, args.a_no_mmap, args.a_no_huge_pages, args.a_no_repack),
             ("B", args.b_path, args.b_model or args.model, args.b_no_mmap, args.b_no_huge_pages, args.b_no_repack)):
@@ -144,9 +164,9 @@ def main() -> None:
         flags = ((", --no-mmap" if no_mmap else "") + (", --no-huge-pages" if no_hp else "") +
                  (", --no-repack" if no_rp else ""))
         print(f"  {side} ({model.name}, {path or 'this PYTHONPATH'}{flags}): median {statistics.median(s) * 1e3:.3f} "
-              f"ms/token, p10 {s[len(s) // 10] * 1e3:.3f} ms, mean {statistics.mean(s) * 1e3:.3f} ms")
+              f"ms/{unit}, p10 {s[len(s) // 10] * 1e3:.3f} ms, mean {statistics.mean(s) * 1e3:.3f} ms")
     q = statistics.quantiles(ratios, n=4)
-    print(f"  median of per-token B/A time ratios: {statistics.median(ratios):.4f} (quartiles {q[0]:.4f}, {q[2]:.4f})")
+    print(f"  median of per-{unit} B/A time ratios: {statistics.median(ratios):.4f} (quartiles {q[0]:.4f}, {q[2]:.4f})")
 
 
 if __name__ == "__main__":
