@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../backends/cpu/ptq1_0_r16.h"
 #include "../backends/cpu/repack.h"
 #include "arch/arch.h"
 #ifdef BONSAI_CUDA
@@ -272,7 +273,7 @@ std::vector<WeightView*> Model::cpu_streamed_views() {
     return views;
 }
 
-// PTQ1_0 and Q8_0 matrices are repacked (PTQ1_0_X8, Q8_0_R4) on the AVX-512 path, unless the head
+// PTQ1_0 and Q8_0 matrices are repacked (PTQ1_0_R16, Q8_0_R4) on the AVX-512 path, unless the head
 // is tied: the embedding lookup reads those bytes too.
 bool Model::repacks(const WeightView* v) const {
     return params_.repack && active_cpu_path() == CpuPath::AVX512 && v->data && v->rows > 0 &&
@@ -295,9 +296,10 @@ void Model::copy_to_huge_pages() {
     struct Piece {
         const uint8_t* src;
         size_t off, bytes;
-        int64_t rows = 0;  // > 0: repacked four rows at a time (row_bytes each)
+        int64_t rows = 0;  // > 0: repacked a tile (tile rows) at a time (row_bytes each)
         size_t row_bytes = 0;
         GgmlType type = TYPE_F32;
+        int64_t tile = 4;
     };
     std::vector<Piece> pieces;             // each source once (a tied head and embedding share one)
     std::map<const void*, size_t> offset;  // source -> its offset in the copy
@@ -312,6 +314,7 @@ void Model::copy_to_huge_pages() {
             pc.rows = v->rows;
             pc.row_bytes = v->row_bytes;
             pc.type = v->type;
+            pc.tile = cpu::tile_rows(cpu::repacked_type(v->type, v->cols));
             repacked_bytes += bytes;
         }
         pieces.push_back(pc);
@@ -333,8 +336,8 @@ void Model::copy_to_huge_pages() {
     constexpr size_t kSlice = size_t{2} << 20;
     const size_t n_threads = load_threads(total);
     const size_t per = (total / n_threads + kSlice - 1) / kSlice * kSlice;
-    // A thread writes the bytes [lo, hi) of plain pieces and the 4-row tiles of repacked ones that
-    // start there.
+    // A thread writes the bytes [lo, hi) of plain pieces and the tiles of repacked ones that start
+    // there.
     auto copy_range = [&](size_t lo, size_t hi) {
         for (const Piece& pc : pieces) {
             const size_t b = std::max(lo, pc.off), e = std::min(hi, pc.off + pc.bytes);
@@ -343,10 +346,10 @@ void Model::copy_to_huge_pages() {
                 std::memcpy(buf.data() + b, pc.src + (b - pc.off), e - b);
                 continue;
             }
-            const size_t tile = 4 * pc.row_bytes;
+            const size_t tile = static_cast<size_t>(pc.tile) * pc.row_bytes;
             for (size_t k = (b - pc.off + tile - 1) / tile; pc.off + k * tile < e; ++k)
                 cpu::repack_rows(pc.type, pc.src, buf.data() + pc.off, pc.rows, static_cast<int64_t>(pc.row_bytes),
-                                 static_cast<int64_t>(4 * k), std::min<int64_t>(pc.rows, static_cast<int64_t>(4 * k + 4)));
+                                 static_cast<int64_t>(k) * pc.tile, std::min<int64_t>(pc.rows, (static_cast<int64_t>(k) + 1) * pc.tile));
         }
     };
     split_over_threads(total, per, n_threads, copy_range);
@@ -372,6 +375,7 @@ void Model::repack_in_place() {
         int64_t rows, row_bytes;
         GgmlType type;
         int64_t first_tile;  // tiles of the pieces before this one
+        int64_t tile;        // rows per tile
     };
     std::vector<Piece> pieces;
     std::set<const void*> seen;
@@ -381,22 +385,23 @@ void Model::repack_in_place() {
     for (const WeightView* v : views) {
         if (!repacks(v) || !seen.insert(v->data).second) continue;
         const auto rb = static_cast<int64_t>(v->row_bytes);
-        pieces.push_back({buf + (static_cast<const uint8_t*>(v->data) - base), v->rows, rb, v->type, tiles});
-        tiles += (v->rows + 3) / 4;
+        const int64_t tr = cpu::tile_rows(cpu::repacked_type(v->type, v->cols));
+        pieces.push_back({buf + (static_cast<const uint8_t*>(v->data) - base), v->rows, rb, v->type, tiles, tr});
+        tiles += (v->rows + tr - 1) / tr;
         max_row_bytes = std::max(max_row_bytes, rb);
         bytes += static_cast<uint64_t>(v->rows) * v->row_bytes;
     }
     if (pieces.empty()) return;
     const size_t n_threads = load_threads(bytes);
     auto repack_tiles = [&](size_t t0, size_t t1) {  // tiles [t0, t1) over all pieces
-        std::vector<uint8_t> tmp(static_cast<size_t>(4 * max_row_bytes));
+        std::vector<uint8_t> tmp(static_cast<size_t>(cpu::kR16Rows * max_row_bytes));
         for (const Piece& pc : pieces) {
-            const int64_t n = (pc.rows + 3) / 4;
+            const int64_t n = (pc.rows + pc.tile - 1) / pc.tile;
             const int64_t b = std::max(static_cast<int64_t>(t0), pc.first_tile) - pc.first_tile;
             const int64_t e = std::min(static_cast<int64_t>(t1), pc.first_tile + n) - pc.first_tile;
             if (b < e)
-                cpu::repack_rows_in_place(pc.type, pc.data, pc.rows, pc.row_bytes, 4 * b,
-                                          std::min(pc.rows, 4 * e), tmp.data());
+                cpu::repack_rows_in_place(pc.type, pc.data, pc.rows, pc.row_bytes, pc.tile * b,
+                                          std::min(pc.rows, pc.tile * e), tmp.data());
         }
     };
     const auto total = static_cast<size_t>(tiles);

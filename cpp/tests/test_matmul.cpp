@@ -1,7 +1,7 @@
 // C++ unit test of the thread pool and the CPU matmul: chunk coverage, exceptions and nesting in
 // ThreadPool; INT8 results bit-identical across every available path and thread count, close to a
 // double-precision reference built from the scalar block unpacker; matmul_shared_input equal bit for
-// bit to separate matmul calls; shape errors throw; repacked weights (PTQ1_0_X8, Q8_0_R4) give the
+// bit to separate matmul calls; shape errors throw; repacked weights (PTQ1_0_R16, Q8_0_R4) give the
 // file types' results bit for bit on every path.
 #include <atomic>
 #include <cmath>
@@ -19,7 +19,6 @@
 #include "../backends/cpu/block_unpack.h"
 #include "../backends/cpu/cpu_features.h"
 #include "../backends/cpu/matmul_jobs.h"
-#include "../backends/cpu/ptq1_0_x8.h"
 #include "../backends/cpu/repack.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
@@ -334,14 +333,14 @@ static void test_one_token_takeover() {
     cpu::set_one_token_worker_delay_for_tests(0);
 }
 
-// w as unpacking its repacked rows gives it back: PTQ1_0_X8 groups re-code their qh trits
-// (ptq1_0_x8.h), so a group's qh bytes come back in the quantizers' form (pack_trits4 of the
-// byte's four trits); the blocks after a row's groups, and other types, are unchanged.
-static std::vector<uint8_t> canonical_x8_qh(GgmlType type, std::vector<uint8_t> w, int64_t rows, size_t rb) {
+// w as unpacking its repacked rows gives it back: PTQ1_0_R16 tiles re-code their qh trits
+// (ptq1_0_r16.h), so every qh byte comes back in the quantizers' form (pack_trits4 of the byte's
+// four trits); other types are unchanged.
+static std::vector<uint8_t> canonical_qh(GgmlType type, std::vector<uint8_t> w, int64_t rows, size_t rb) {
     if (type != TYPE_PTQ1_0) return w;
-    const size_t grouped = rb / sizeof(block_ptq1_0) / cpu::kX8Blocks * cpu::kX8Blocks;
+    const size_t nb = rb / sizeof(block_ptq1_0);
     for (int64_t r = 0; r < rows; ++r)
-        for (size_t b = 0; b < grouped; ++b)
+        for (size_t b = 0; b < nb; ++b)
             for (int h = 0; h < 2; ++h) {
                 uint8_t& q = w[r * rb + b * sizeof(block_ptq1_0) + offsetof(block_ptq1_0, qh) + h];
                 int t[4];
@@ -351,29 +350,31 @@ static std::vector<uint8_t> canonical_x8_qh(GgmlType type, std::vector<uint8_t> 
     return w;
 }
 
-// Repacked weights (repack.h: PTQ1_0_X8, Q8_0_R4): the reordering is undone exactly, for whole
+// Repacked weights (repack.h: PTQ1_0_R16, Q8_0_R4): the reordering is undone exactly, for whole
 // matrices and for row ranges; every path, mode, token count and thread count gives from the
 // repacked rows exactly what it gives from the file's (INT8: the scalar reference), for rows of
-// whole units and of units and one block or more, row counts that are and are not multiples of 4;
-// get_rows agrees (test_no_read_past_end covers them too).
+// whole units and of units and one block or more, row counts that are and are not multiples of 4
+// and 16 (R16 tiles of 16 rows, and a last tile of fewer); get_rows agrees (test_no_read_past_end
+// covers them too).
 static void test_repacked() {
-    CHECK(cpu::repacked_type(TYPE_PTQ1_0, 896) == TYPE_PTQ1_0 && cpu::repacked_type(TYPE_Q8_0, 32) == TYPE_Q8_0);
+    CHECK(cpu::repacked_type(TYPE_PTQ1_0, 128) == TYPE_PTQ1_0_R16 && cpu::repacked_type(TYPE_Q8_0, 32) == TYPE_Q8_0);
+    CHECK(cpu::tile_rows(TYPE_PTQ1_0_R16) == 16 && cpu::tile_rows(TYPE_PTQ1_0) == 4);
     CHECK(cpu::repacked_type(TYPE_TQ2_0, 4096) == TYPE_TQ2_0 && !cpu::is_repacked(TYPE_Q8_0));
     std::mt19937 rng(8);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     ThreadPool pool1(1), pool2(2);
-    const Case cases[] = {{TYPE_PTQ1_0, 1024}, {TYPE_PTQ1_0, 1152}, {TYPE_PTQ1_0, 2048}, {TYPE_PTQ1_0, 2432},
+    const Case cases[] = {{TYPE_PTQ1_0, 128},  {TYPE_PTQ1_0, 896},  {TYPE_PTQ1_0, 1024}, {TYPE_PTQ1_0, 1152}, {TYPE_PTQ1_0, 2048}, {TYPE_PTQ1_0, 2432},
                           {TYPE_PTQ1_0, 2944}, {TYPE_Q8_0, 64},     {TYPE_Q8_0, 96},     {TYPE_Q8_0, 128},
                           {TYPE_Q8_0, 224},    {TYPE_Q8_0, 2048},   {TYPE_Q8_0, 2080}};
     for (const Case& c : cases) {
         const GgmlType rt = cpu::repacked_type(c.type, c.cols);
         CHECK(rt != c.type && cpu::file_type(rt) == c.type);
-        for (int64_t rows : {1, 3, 4, 29}) {
+        for (int64_t rows : {1, 3, 4, 16, 29}) {
             std::vector<uint8_t> w = random_weight(c.type, rows, c.cols, rng), wx(w.size()), back(w.size());
             const size_t rb = type_row_bytes(c.type, c.cols);
             cpu::repack_rows(c.type, w.data(), wx.data(), rows, static_cast<int64_t>(rb), 0, rows);
             const WeightView wv{c.type, w.data(), rows, c.cols, rb}, xv{rt, wx.data(), rows, c.cols, rb};
-            const std::vector<uint8_t> wc = canonical_x8_qh(c.type, w, rows, rb);
+            const std::vector<uint8_t> wc = canonical_qh(c.type, w, rows, rb);
             CHECK(c.type != TYPE_PTQ1_0 || wc != w);  // (random qh bytes: most not in the quantizers' form)
             cpu::unpack_rows(xv, 0, rows, back.data());
             CHECK(back == wc);

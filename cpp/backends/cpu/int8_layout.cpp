@@ -7,7 +7,7 @@
 
 #include "block_unpack.h"
 #include "bonsai/quant_blocks.h"
-#include "ptq1_0_x8.h"
+#include "ptq1_0_r16.h"
 #include "repack.h"
 
 namespace bonsai::cpu {
@@ -63,17 +63,6 @@ int slot_element(GgmlType type, int v, int p) {
     }
 }
 
-// Element of an X8 group held by code vector v, byte p (int8_layout.h); -1 for padding.
-int x8_element(int v, int p) {
-    if (v < 15) {
-        const int w = v / 5, n = v % 5, l = p / 4;
-        return ptq1_element(n, l % 8, 4 * (2 * w + l / 8) + p % 4);
-    }
-    // qh field f = v - 15 of byte p % 16 of a row's qh bytes (x8_qh_slot): element 120 + m of block b
-    const int f = v - 15, q = p % 16, b = 2 * (q / 4) + f / 2, m = 4 * (f % 2) + q % 4;
-    return ptq1_element(m / 2, b, 24 + m % 2);
-}
-
 struct LayoutEntry {
     Int8Layout layout;
     std::vector<int16_t> map;
@@ -118,7 +107,7 @@ LayoutEntry make_entry(GgmlType type, int G, int C, int off, bool is_signed, boo
     return e;
 }
 
-// The one-token AVX-512 layout of PTQ1_0 (shifted), and of PTQ1_0_X8 (its rest: the shifted one).
+// The one-token AVX-512 layout of PTQ1_0 (shifted).
 // (finish() runs on each entry in its final place: the layout points into the entry's vectors.)
 const Int8Layout* one_token_ptq1_0() {
     static LayoutEntry shifted = make_entry(TYPE_PTQ1_0, 2, 5, 1, false, true);
@@ -127,19 +116,26 @@ const Int8Layout* one_token_ptq1_0() {
     return &shifted.layout;
 }
 
-const Int8Layout* one_token_ptq1_0_x8() {
-    static LayoutEntry x8;
+// The one-token AVX-512 layout of PTQ1_0_R16 (ptq1_0_r16.h): one block a unit, dword 5 k + n the
+// activations of trit n of the block's qs bytes 4 k .. 4 k + 3 (k < 6), dword 30 + f those of
+// field f of its two re-coded qh bytes (two bytes, two of padding), the rest padding. The kernel
+// multiplies each dword, broadcast, with all 16 rows of a tile.
+const Int8Layout* one_token_ptq1_0_r16() {
+    static LayoutEntry r16;
     static const bool done = [] {
-        x8.map.resize(kX8CodeVectors * 64);
-        for (int v = 0; v < kX8CodeVectors; ++v)
-            for (int p = 0; p < 64; ++p) x8.map[v * 64 + p] = static_cast<int16_t>(x8_element(v, p));
-        x8.layout = Int8Layout{kX8Blocks, kX8CodeVectors, 1, false, QK_PTQ1_0, static_cast<int>(sizeof(block_ptq1_0)), -1,
-                               nullptr, one_token_ptq1_0(), nullptr, nullptr};
-        x8.finish();
+        r16.map.assign(kR16ActVectors * 64, -1);
+        for (int k = 0; k < 6; ++k)
+            for (int n = 0; n < 5; ++n)
+                for (int i = 0; i < 4; ++i) r16.map[4 * (5 * k + n) + i] = static_cast<int16_t>(ptq1_element(n, 0, 4 * k + i));
+        for (int f = 0; f < 4; ++f)
+            for (int i = 0; i < 2; ++i) r16.map[4 * (30 + f) + i] = static_cast<int16_t>(ptq1_element(f, 0, 24 + i));
+        r16.layout = Int8Layout{1, kR16ActVectors, 1, false, QK_PTQ1_0, static_cast<int>(sizeof(block_ptq1_0)), -1,
+                                nullptr, nullptr, nullptr, nullptr};
+        r16.finish();
         return true;
     }();
     (void)done;
-    return &x8.layout;
+    return &r16.layout;
 }
 
 const LayoutEntry* entries() {
@@ -179,7 +175,7 @@ const Int8Layout* one_token_q8_0_r4() {
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens) {
     if (path == CpuPath::AVX512 && n_tokens <= kTileBatchTokens) {
         if (type == TYPE_PTQ1_0) return one_token_ptq1_0();
-        if (type == TYPE_PTQ1_0_X8) return one_token_ptq1_0_x8();
+        if (type == TYPE_PTQ1_0_R16) return one_token_ptq1_0_r16();
         if (type == TYPE_Q8_0_R4) return one_token_q8_0_r4();
     }
     return int8_layout(type);

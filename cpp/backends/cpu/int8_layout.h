@@ -22,12 +22,11 @@
 // One-token AVX-512 variant (int8_layout_for): PTQ1_0 as above but p = 4 + k for block 0 and
 // p = 32 + k for block 1, the bytes of one 64-byte load from 4 bytes before the unit (the 56-byte
 // unit's two blocks then sit in the two halves without moving a byte).
-// PTQ1_0_X8 (ptq1_0_x8.h), one token on AVX-512: G=8 C=19. Vector 5 w + n (w < 3) is trit n of the
-// group's qs vector w, byte p = 4 l + k: block l % 8, qs byte 4 (2 w + l / 8) + k. Vector 15 + f
-// (f < 4) is 2-bit field f of the qh bytes of four rows side by side: byte p holds the element of
-// qh byte p % 16 of the row, field f (x8_qh_slot). The blocks past the last group use the one-token
-// PTQ1_0 units (`rest`). Every other path reads X8 rows converted back to PTQ1_0, so it gets
-// PTQ1_0's layout.
+// PTQ1_0_R16 (ptq1_0_r16.h), one token on AVX-512: G=1 C=3, 34 dwords used. Dword 5 k + n (k < 6,
+// n < 5), byte i is the element of trit n of qs byte 4 k + i; dword 30 + f, byte i < 2 that of
+// field f of re-coded qh byte i (element 120 + 2 f + i); the kernel broadcasts each dword to the 16
+// rows of a tile. Every other path reads R16 weights converted back to PTQ1_0, so it gets PTQ1_0's
+// layout.
 // Q8_0_R4 (repack.h), one token on AVX-512: G=4 C=2. Byte p = 16 j + k of vector v is element
 // 16 v + k of block j (the order of a tile row's two vectors); the blocks past the last group use
 // Q8_0's units (`rest`).
@@ -68,7 +67,7 @@ constexpr int64_t kTileBatchTokens = 4;
 // Layout of a quantized type the INT8 kernels run; nullptr for anything else.
 const Int8Layout* int8_layout(GgmlType type);
 // The layout the kernel of `path` reads for n_tokens tokens: int8_layout(type), except the
-// one-token AVX-512 variants of PTQ1_0, PTQ1_0_X8 and Q8_0_R4 (see above) for batches of up to
+// one-token AVX-512 variants of PTQ1_0, PTQ1_0_R16 and Q8_0_R4 (see above) for batches of up to
 // kTileBatchTokens. A repacked type's int8_layout (repack.h) is its file type's.
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens);
 

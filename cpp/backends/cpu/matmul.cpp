@@ -160,13 +160,13 @@ void run_rows_converted(const Job& j, int64_t tile_begin, int64_t tile_end, floa
     const int64_t rb = static_cast<int64_t>(j.w.row_bytes);
     for (int64_t t0 = tile_begin; t0 < tile_end; t0 += kConvertTiles) {
         const int64_t t1 = std::min(tile_end, t0 + kConvertTiles);
-        const int64_t r0 = t0 * kRowTile, r1 = std::min(t1 * kRowTile, j.w.rows);
+        const int64_t r0 = t0 * job_tile_rows(j), r1 = std::min(t1 * job_tile_rows(j), j.w.rows);
         uint8_t* buf = static_cast<uint8_t*>(grow_scratch(rows_buf, static_cast<size_t>((r1 - r0) * rb + 128))) + 64;
         unpack_rows(j.w, r0, r1, buf);
         Job c = j;
         c.w.type = file_type(j.w.type);
         c.w.data = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(buf) - static_cast<uintptr_t>(r0 * rb));
-        run_rows(c, t0, t1, y);
+        run_rows(c, r0 / job_tile_rows(c), (r1 + job_tile_rows(c) - 1) / job_tile_rows(c), y);
     }
 }
 
@@ -176,13 +176,13 @@ void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end, float* y) {
     const WeightView& w = j.w;
     // AVX-512 reads repacked rows itself with their one-token layouts (two or more tokens go to the
     // GEMM before this)
-    const bool native = j.act && j.path == CpuPath::AVX512 && j.act->layout->rest;
+    const bool native = j.act && j.path == CpuPath::AVX512 && j.act->layout != int8_layout(w.type);
     if (is_repacked(w.type) && !native) {
         run_rows_converted(j, tile_begin, tile_end, y);
         return;
     }
-    const int64_t r0 = tile_begin * kRowTile;
-    const int64_t r1 = tile_end * kRowTile < w.rows ? tile_end * kRowTile : w.rows;
+    const int64_t r0 = tile_begin * job_tile_rows(j);
+    const int64_t r1 = std::min(tile_end * job_tile_rows(j), w.rows);
     if (j.act) {
         switch (j.path) {
             case CpuPath::SCALAR: matmul_int8_scalar(w, *j.act, r0, r1, y, thread_scratch(kernel_scratch_bytes(w.cols))); break;

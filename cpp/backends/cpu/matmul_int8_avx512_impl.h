@@ -36,7 +36,7 @@
 #include "bonsai/quants.h"
 #include "matmul_kernels.h"
 #include "prefetch.h"
-#include "ptq1_0_x8.h"
+#include "ptq1_0_r16.h"
 #include "repack.h"
 
 #define BONSAI_AVX512 __attribute__((target(BONSAI_AVX512_TARGET)))
@@ -254,7 +254,7 @@ BONSAI_AVX512 inline void prefetch_unit(const uint8_t* q) {
 }
 
 // 4 rows x 1 token: rows p0, p0 + rb, p0 + 2 rb, p0 + 3 rb.
-// acc: the sum of the blocks before p0's (a PTQ1_0_X8 row's groups), zero for a whole row. ustride:
+// acc: the sum of the blocks before p0's (a Q8_0_R4 tile's groups), zero for a whole row. ustride:
 // bytes from a row's unit to its next (0: the unit's size; a Q8_0_R4 tile: four units).
 template <class K, bool kEdge>
 BONSAI_AVX512 __m128 tile_rows(const uint8_t* p0, int64_t rb, const int8_t* act, const int32_t* asum, int64_t nb,
@@ -370,115 +370,68 @@ BONSAI_AVX512 __m128 tile_q8r4(const uint8_t* p0, int64_t nb, const int8_t* act,
     return acc;
 }
 
-// Tags of the repacked types (repack.h) in run_int8.
-struct KPtq1X8 {};
+// Tag of Q8_0_R4 (repack.h) in run_int8.
 struct KQ8R4 {};
 
-// PTQ1_0_X8, 4 rows x 1 token (int8_layout.h, ptq1_0_x8.h). Per group: each of the three qs
-// vectors of the four rows gives trits 1..4 by lookups of its key into one accumulator per row,
-// and trit 0 by trit0_sum (the bytes and 3 b mod 256 into two more); the four rows' qh bytes
-// share one vector, whose 2-bit fields 0, 1 (even blocks) and 2, 3 (odd blocks) go to two more
-// accumulators. Dword lanes b and b + 8 of a row's qs sum are block b; the sums are folded and
-// transposed to [block][row] (lane 4 b + i), the qh sums added, off * asum taken off, and
-// acc = fma(d_b, isum_b, acc) block after block as everywhere. The blocks past the groups (PTQ1_0
-// units) continue through tile_rows<KPtq1> with the same acc.
-// On Zen 4 (one-thread harness over 1024 gate rows, 45 cycles per row per 1024 weights) the
-// trits take ~80% of the time, the fold ~20%; vpdpbusd, the mask moves and about 0.8 of each byte
-// permute share one pair of pipes, the byte adds do not. Tried there, no faster: trits 1..4 as
-// 2-bit fields of one lookup with shifts and masks (1.05x the time; two accumulators per row, one
-// for fields shifted by 4: 1.01x; one per field: 1.10x), trits 1 and 2 by trit0_products'
-// identity (1.03x; all five: 1.11x).
-template <bool kEdge>
-BONSAI_AVX512 __m128 tile_x8(const uint8_t* p0, int64_t rb, const int8_t* act, const int32_t* asum, int64_t nb,
-                             int64_t prefetch_stride, const uint8_t* lo, const uint8_t* hi) {
-    constexpr int C = kX8CodeVectors;
-    alignas(64) static constexpr int32_t kRowsLo[16] = {0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27};
-    alignas(64) static constexpr int32_t kRowsHi[16] = {4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
-    // qh sums: lane 4 i + j of the even (odd) accumulator is block 2 j (2 j + 1) of row i
-    alignas(64) static constexpr int32_t kQhLo[16] = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29};
-    alignas(64) static constexpr int32_t kQhHi[16] = {2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
-    alignas(64) static constexpr int32_t kAsumLo[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
-    alignas(64) static constexpr int32_t kAsumHi[16] = {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
-    alignas(64) static constexpr int16_t kScales[32] = {0, 8,  16, 24, 1, 9,  17, 25, 2, 10, 18, 26, 3, 11, 19, 27,
-                                                        4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
-    const int64_t ng = nb / kX8Blocks;
-    __m128 acc = _mm_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) {
-        const uint8_t* gp = p0 + g * kX8Bytes;
-        const int8_t* ag = act + g * C * 64;
-        __m512i s[4], zb[4], zm[4];  // trits 1..4; trit 0 as sums of b and of 3 b mod 256 (trit0_sum)
-        for (int i = 0; i < 4; ++i) {
-            const uint8_t* q = gp + i * rb + prefetch_stride;
-            for (int off : {0, 64, 128, 192, kX8Bytes - 1}) _mm_prefetch(reinterpret_cast<const char*>(q + off), kStreamPrefetchHint);
-            s[i] = _mm512_setzero_si512();
-            zb[i] = _mm512_setzero_si512();
-            zm[i] = _mm512_setzero_si512();
+// acc + the products of each lane's four code bytes with the activation dword at a, broadcast to
+// every lane: vpdpbusd with an embedded-broadcast memory operand (written out because GCC may load
+// the dword into a register and broadcast it there, an extra operation on the vector pipes).
+BONSAI_AVX512 inline __m512i dpbusd_bcast(__m512i acc, __m512i codes, const int8_t* a) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*reinterpret_cast<const int32_t*>(a)));
+    return acc;
+}
+
+struct KPtq1R16 {};
+
+// PTQ1_0_R16, one tile of n rows (16, or the weight's last n < 16) x 1 token (ptq1_0_r16.h,
+// int8_layout.h): lane r of every vector is row r. Per block: each of the six qs vectors gives trit
+// 0 by trit0_products (its bytes and 3 b mod 256 into zb, zm) and trits 1..4 by lookups of its key,
+// each multiplied with its activation dword broadcast; the tail vector's 2-bit qh fields add four
+// more; two accumulators alternate so the dependent chain is half as long. Then isum_b =
+// s + trit0_sum - asum_b, exact in every lane, and acc = fma(d_b, isum_b, acc) block after block: the
+// scalar kernel's operations, so the results are bit-identical to it. The next tile's block is
+// prefetched (kPrefetchRows = 16 rows ahead). A partial tile loads its n lanes masked.
+template <bool kFull>
+BONSAI_AVX512 __m512 tile_r16(const uint8_t* p0, int n, const int8_t* act, const int32_t* asum, int64_t nb,
+                              int64_t prefetch_stride) {
+    const int64_t bb = static_cast<int64_t>(sizeof(block_ptq1_0)) * n;  // bytes of a block of the tile
+    const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* q = p0 + b * bb;
+        const int8_t* ab = act + b * kR16ActVectors * 64;
+        if constexpr (kFull)
+            for (int l = 0; l < kR16Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(q + prefetch_stride + l), kStreamPrefetchHint);
+        __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        __m512i zb = _mm512_setzero_si512(), zm = _mm512_setzero_si512();
+        for (int k = 0; k < 6; ++k) {
+            const __m512i src = kFull ? _mm512_loadu_si512(q + 64 * k) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * k);
+            const __mmask64 top = _mm512_movepi8_mask(src);
+            const __m512i key = trit_key(src, top);
+            const int8_t* ak = ab + 4 * (5 * k);
+            zb = dpbusd_bcast(zb, src, ak);
+            zm = dpbusd_bcast(zm, _mm512_add_epi8(_mm512_add_epi8(src, src), src), ak);  // 3 b mod 256
+            for (int t = 1; t < 5; ++t) s[t % 2] = dpbusd_bcast(s[t % 2], trit_n(src, key, top, t), ak + 4 * t);
         }
-        for (int w = 0; w < 3; ++w) {
-            __m512i src[4], key[4];
-            __mmask64 top[4];
-            for (int i = 0; i < 4; ++i) {
-                src[i] = _mm512_loadu_si512(gp + i * rb + 64 * w);
-                top[i] = _mm512_movepi8_mask(src[i]);
-                key[i] = trit_key(src[i], top[i]);
-            }
-            const __m512i a0 = _mm512_load_si512(ag + 64 * (5 * w));
-            for (int i = 0; i < 4; ++i) trit0_products(zb[i], zm[i], src[i], a0);
-            for (int n = 1; n < 5; ++n) {
-                const __m512i a = _mm512_load_si512(ag + 64 * (5 * w + n));
-                for (int i = 0; i < 4; ++i) s[i] = _mm512_dpbusd_epi32(s[i], trit_n(src[i], key[i], top[i], n), a);
-            }
-        }
-        for (int i = 0; i < 4; ++i) s[i] = _mm512_add_epi32(s[i], trit0_sum(zb[i], zm[i]));
-        // qh (16 bytes) and scales (16 bytes) of the four rows
-        const __m256i* tail = reinterpret_cast<const __m256i*>(gp + kX8QhOffset);
-        const __m512i t01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(tail)),
-                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + rb + kX8QhOffset)), 1);
-        const __m512i t23 = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 2 * rb + kX8QhOffset))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 3 * rb + kX8QhOffset)), 1);
-        const __m512i qh = _mm512_shuffle_i64x2(t01, t23, 0x88);  // qh of rows 0..3
-        const __m512i ds = _mm512_shuffle_i64x2(t01, t23, 0xDD);  // scales of rows 0..3
-        // qh fields 0, 1 (2, 3): dword j of row i's 16 bytes is block 2 j (2 j + 1)
-        __m512i he = _mm512_setzero_si512(), ho = _mm512_setzero_si512();
-        const __m512i m3 = _mm512_set1_epi8(3);
-        for (int f = 0; f < 4; ++f) {
-            const __m512i c = _mm512_and_si512(f == 0 ? qh : _mm512_srli_epi16(qh, 2 * f), m3);
-            __m512i& h = f < 2 ? he : ho;
-            h = _mm512_dpbusd_epi32(h, c, _mm512_load_si512(ag + 64 * (15 + f)));
-        }
-        // rows 0, 1 (2, 3): lanes b and b + 8 added -> [row 0 blocks 0..7, row 1 blocks 0..7]
-        const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i64x2(s[0], s[1], 0x44), _mm512_shuffle_i64x2(s[0], s[1], 0xEE));
-        const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i64x2(s[2], s[3], 0x44), _mm512_shuffle_i64x2(s[2], s[3], 0xEE));
-        const __m512i as = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(asum + g * kX8Blocks)));
-        __m512i isum[2];
-        isum[0] = _mm512_add_epi32(_mm512_permutex2var_epi32(s01, _mm512_load_si512(kRowsLo), s23),
-                                   _mm512_permutex2var_epi32(he, _mm512_load_si512(kQhLo), ho));
-        isum[1] = _mm512_add_epi32(_mm512_permutex2var_epi32(s01, _mm512_load_si512(kRowsHi), s23),
-                                   _mm512_permutex2var_epi32(he, _mm512_load_si512(kQhHi), ho));
-        isum[0] = _mm512_sub_epi32(isum[0], _mm512_permutexvar_epi32(_mm512_load_si512(kAsumLo), as));
-        isum[1] = _mm512_sub_epi32(isum[1], _mm512_permutexvar_epi32(_mm512_load_si512(kAsumHi), as));
-        const __m512i dw = _mm512_permutexvar_epi16(_mm512_load_si512(kScales), ds);  // [block][row]
-        const __m512 d[2] = {_mm512_cvtph_ps(_mm512_castsi512_si256(dw)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dw, 1))};
-        for (int h = 0; h < 2; ++h) {
-            const __m512 f = _mm512_cvtepi32_ps(isum[h]);
-            for (int c = 0; c < 4; ++c) acc = _mm_fmadd_ps(extract4(d[h], c), extract4(f, c), acc);
-        }
+        const __m512i tail = kFull ? _mm512_loadu_si512(q + 64 * 6) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * 6);
+        for (int f = 0; f < 4; ++f)
+            s[f % 2] = dpbusd_bcast(s[f % 2], _mm512_and_si512(f == 0 ? tail : _mm512_srli_epi16(tail, 2 * f), m3),
+                                    ab + 4 * (30 + f));
+        __m512i isum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), trit0_sum(zb, zm));
+        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(asum[b]));
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail, 16)));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
     }
-    const int64_t rest = nb - ng * kX8Blocks;
-    if (rest == 0) return acc;
-    return tile_rows<KPtq1, kEdge>(p0 + ng * kX8Bytes, rb, act + ng * C * 64, asum + ng * kX8Blocks, rest,
-                                   prefetch_stride, lo, hi, acc);
+    return acc;
 }
 
 template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows, rb = static_cast<int64_t>(w.row_bytes);
-    constexpr bool kX8 = std::is_same_v<K, KPtq1X8>;
-    // X8: the PTQ1_0 units after the groups; R4: Q8_0 units
-    using KU = std::conditional_t<kX8, KPtq1, std::conditional_t<std::is_same_v<K, KQ8R4>, KQ8, K>>;
-    const int64_t head = kX8 ? nb / kX8Blocks * kX8Bytes : 0;  // bytes of a row's groups
-    const int64_t nu = (nb - (kX8 ? nb / kX8Blocks * kX8Blocks : 0) + KU::G - 1) / KU::G;
+    // R4: Q8_0 units after the groups (R16 returns before KU is used)
+    using KU = std::conditional_t<std::is_same_v<K, KPtq1R16>, KPtq1, std::conditional_t<std::is_same_v<K, KQ8R4>, KQ8, K>>;
+    const int64_t nu = (nb + KU::G - 1) / KU::G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     const uint8_t* end = base + rows * rb;
     // Tile after tile, each for every token while its rows are in L1: up to kTileBatchTokens tokens
@@ -492,6 +445,22 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
         const uint8_t* p = base + r0 * rb;
         const uint8_t* e = base + std::min(r1, r0 + kPrefetchRows) * rb;
         for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), kStreamPrefetchHint);
+    }
+    if constexpr (std::is_same_v<K, KPtq1R16>) {  // tiles of 16 rows, the weight's last one of rows % 16
+        for (int64_t t0 = r0 / kR16Rows * kR16Rows; t0 < r1; t0 += kR16Rows) {
+            const int n = static_cast<int>(std::min<int64_t>(kR16Rows, rows - t0));
+            const uint8_t* p0 = base + t0 * rb;
+            for (int64_t t = 0; t < a.n_tokens; ++t) {
+                const int8_t* act = a.slots + t * a.slot_bytes;
+                const int32_t* asum = a.asum + t * nb;
+                const __m512 v = n == kR16Rows ? tile_r16<true>(p0, n, act, asum, nb, prefetch_stride)
+                                               : tile_r16<false>(p0, n, act, asum, nb, prefetch_stride);
+                alignas(64) float out[kR16Rows];
+                _mm512_store_ps(out, _mm512_mul_ps(v, _mm512_set1_ps(a.scale[t])));
+                for (int64_t i = std::max(r0, t0); i < std::min(t0 + n, r1); ++i) y[t * rows + i] = out[i - t0];
+            }
+        }
+        return;
     }
     if constexpr (std::is_same_v<K, KQ8R4>) {  // full tiles interleaved, the rows after them one at a time
         const int64_t full = rows / 4 * 4, ng = nb / kQ8R4Blocks, rest = nb - ng * kQ8R4Blocks;
@@ -525,16 +494,12 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
         const int64_t t0 = step == 1 ? r : std::max<int64_t>(0, std::min(r, r1 - 4));
         const uint8_t* p0 = base + t0 * rb;
         bool edge = false;  // whether the tile's PTQ1_0 unit loads may reach outside the weight
-        if constexpr (kX8) edge = nu > 0 && KPtq1::edge(p0 + head, stride, nu, base, end);
         if constexpr (std::is_same_v<K, KPtq1>) edge = K::edge(p0, stride, nu, base, end);
         for (int64_t t = 0; t < a.n_tokens; ++t) {
             const int8_t* act = a.slots + t * a.slot_bytes;
             const int32_t* asum = a.asum + t * nb;
             __m128 v;
-            if constexpr (kX8) {
-                v = edge ? tile_x8<true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
-                         : tile_x8<false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
-            } else if constexpr (std::is_same_v<K, KPtq1>) {
+            if constexpr (std::is_same_v<K, KPtq1>) {
                 v = edge ? tile_rows<K, true>(p0, stride, act, asum, nb, prefetch_stride, base, end)
                          : tile_rows<K, false>(p0, stride, act, asum, nb, prefetch_stride, base, end);
             } else {  // (KU: R4 returned above)
@@ -552,7 +517,7 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
 BONSAI_AVX512 void BONSAI_AVX512_ENTRY(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     switch (w.type) {
         case TYPE_PTQ1_0: run_int8<KPtq1>(w, a, r0, r1, y); break;
-        case TYPE_PTQ1_0_X8: run_int8<KPtq1X8>(w, a, r0, r1, y); break;
+        case TYPE_PTQ1_0_R16: run_int8<KPtq1R16>(w, a, r0, r1, y); break;
         case TYPE_TQ1_0: run_int8<KTq1>(w, a, r0, r1, y); break;
         case TYPE_TQ2_0: run_int8<KTq2>(w, a, r0, r1, y); break;
         case TYPE_Q2_0: run_int8<KQ2g64>(w, a, r0, r1, y); break;

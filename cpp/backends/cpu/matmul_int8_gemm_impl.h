@@ -45,7 +45,6 @@
 #include "bonsai/types.h"
 #include "matmul_int8_gemm.h"
 #include "prefetch.h"
-#include "ptq1_0_x8.h"
 #include "repack.h"
 
 #define BONSAI_GEMM __attribute__((target(BONSAI_GEMM_TARGET)))
@@ -87,51 +86,6 @@ struct GPtq1 {
                        nin > 1 ? _mm256_maskz_loadu_epi8(m, p + kBytes) : _mm256_setzero_si256());
     }
     BONSAI_GEMM static void codes(__m512i src, __m512i* c) { trits5(src, c); }
-};
-
-// PTQ1_0_X8 rows (ptq1_0_x8.h): unit u < x8_units is block pair u % 4 of group u / 4, gathered
-// into GPtq1's source order (block 2 p at bytes 0..27, block 2 p + 1 at 32..59) by a dword permute
-// of the first two qs vectors and a word permute of the third and the scale bytes; the qh bytes are
-// written back in base 3 from their fields (kX8QhBase3); the units after the groups are plain
-// PTQ1_0 units.
-struct X8GatherIndex {
-    alignas(64) int32_t qs01[4][16];  // dwords of qs vectors 0, 1 for pair p
-    alignas(64) int16_t rest[4][32];  // words of qs vector 2 and of the scales (the qh words are set after)
-    constexpr X8GatherIndex() : qs01(), rest() {
-        for (int p = 0; p < 4; ++p)
-            for (int h = 0; h < 2; ++h) {
-                const int b = 2 * p + h;
-                for (int m = 0; m < 4; ++m) qs01[p][8 * h + m] = 16 * (m / 2) + b + 8 * (m % 2);
-                for (int m = 0; m < 2; ++m) {
-                    rest[p][16 * h + 8 + 2 * m] = static_cast<int16_t>(2 * (b + 8 * m));
-                    rest[p][16 * h + 9 + 2 * m] = static_cast<int16_t>(2 * (b + 8 * m) + 1);
-                }
-                rest[p][16 * h + 13] = static_cast<int16_t>(32 + (kX8DOffset - 192) / 2 + b);
-            }
-    }
-};
-constexpr X8GatherIndex kX8Gather{};
-
-struct GPtq1X8 : GPtq1 {
-    BONSAI_GEMM static __m512i load_unit(const uint8_t* row, int64_t u, int64_t x8_units, int nin, bool more) {
-        if (u >= x8_units) return GPtq1::load(row + u * G * kBytes, nin, more);
-        const uint8_t* gp = row + u / 4 * kX8Bytes;
-        const int p = static_cast<int>(u % 4);
-        const __m512i v0 = _mm512_loadu_si512(gp), v1 = _mm512_loadu_si512(gp + 64), v2 = _mm512_loadu_si512(gp + 128);
-        const __m512i tail = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 192)));
-        const __m512i a = _mm512_permutex2var_epi32(v0, _mm512_load_si512(kX8Gather.qs01[p]), v1);
-        const __m512i b = _mm512_permutex2var_epi16(v2, _mm512_load_si512(kX8Gather.rest[p]), tail);
-        // qh: dword p of the group's fields holds both blocks' (ptq1_0_x8.h); nibbles h and h + 2
-        // (low: block 2 p, high: 2 p + 1) index the base-3 byte h
-        uint32_t f;
-        std::memcpy(&f, gp + kX8QhOffset + 4 * p, 4);
-        const uint32_t lo = f & 0x0F0F0F0Fu, hi = f >> 4 & 0x0F0F0F0Fu;
-        const uint32_t i0 = lo | lo >> 12, i1 = hi | hi >> 12;
-        const auto& t = kX8QhBase3.v;
-        const __m512i q = _mm512_mask_set1_epi16(_mm512_mask_blend_epi32(0x7070, a, b), uint32_t{1} << 12,
-                                                 static_cast<short>(t[i0 & 255] | t[i0 >> 8 & 255] << 8));
-        return _mm512_mask_set1_epi16(q, uint32_t{1} << 28, static_cast<short>(t[i1 & 255] | t[i1 >> 8 & 255] << 8));
-    }
 };
 
 struct GTq1 {
@@ -220,21 +174,14 @@ BONSAI_GEMM inline void transpose16(__m512i* r) {
 
 // Unpacks unit uoff of 16 rows (rp, byte offsets vidx from rp[0]) into one half of the panel blocks
 // at out: quad j of a block at out + 128 j, the 16 scales after the block's quads.
-// x8_units: the units of a PTQ1_0_X8 row that lie in its groups (GPtq1X8).
 template <class K>
-BONSAI_GEMM void unpack_unit(const uint8_t* const* rp, __m512i vidx, int64_t uoff, int nin, bool more, uint8_t* out,
-                             int64_t x8_units) {
+BONSAI_GEMM void unpack_unit(const uint8_t* const* rp, __m512i vidx, int64_t uoff, int nin, bool more, uint8_t* out) {
     constexpr int NQ = block_quads<K>(), QB = 16 / K::G;
     // the fp16 scale is read as a dword inside the block: the low half, or the high half of the
     // dword ending at the scale when the scale ends the block
     constexpr int kDPos = K::kDOff + 4 <= K::kBytes ? K::kDOff : K::kDOff - 2;
     __m512i s[16];
-    if constexpr (std::is_same_v<K, GPtq1X8>) {
-        const int64_t u = uoff / (K::G * K::kBytes);
-        for (int i = 0; i < 16; ++i) s[i] = K::load_unit(rp[i], u, x8_units, nin, more);
-    } else {
-        for (int i = 0; i < 16; ++i) s[i] = K::load(rp[i] + uoff, nin, more);
-    }
+    for (int i = 0; i < 16; ++i) s[i] = K::load(rp[i] + uoff, nin, more);
     transpose16(s);
 #pragma GCC unroll 4
     for (int g = 0; g < K::G; ++g) {
@@ -423,7 +370,6 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
     const ActInt8& a = *job.a;
     const Tiles& tiles = job.tiles;
     const int64_t nb = a.n_blocks, nu = a.n_units, rows = w.rows, groups = job.groups;
-    const int64_t x8_units = std::is_same_v<K, GPtq1X8> ? nb / kX8Blocks * (kX8Blocks / K::G) : 0;
     static thread_local std::vector<uint8_t> scratch_buf, rows_buf;
     const bool interleaved = rows_interleaved(w.type);
     const int64_t max_group_tiles = (tiles.n + groups - 1) / groups;
@@ -437,7 +383,7 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
         const int64_t k0 = grp * tiles.n / groups, k1 = (grp + 1) * tiles.n / groups;
         const uint8_t* rp[kPanelRows];
         alignas(64) int32_t offs[kPanelRows];
-        // interleaved rows (Q8_0_R4) are read from a copy of the panel in the file's layout
+        // interleaved rows (Q8_0_R4, PTQ1_0_R16) are read from a copy of the panel in the file's layout
         const uint8_t* rows_base = base + r0 * static_cast<int64_t>(w.row_bytes);
         if (interleaved) {
             const int64_t r1 = std::min(rows, r0 + kPanelRows);
@@ -462,8 +408,8 @@ BONSAI_GEMM void run_items(const GemmJob& job, int64_t item_begin, int64_t item_
                     _mm_prefetch(next + 64 * l, kStreamPrefetchHint);
                 const int nin = static_cast<int>(std::min<int64_t>(K::G, nb - u * K::G));
                 uint8_t* out = panel + (u - u0) * K::G * block_panel;
-                unpack_unit<K>(rp, vidx0, u * unit_bytes, nin, u + 1 < nu, out, x8_units);
-                unpack_unit<K>(rp + kHalfRows, vidx1, u * unit_bytes, nin, u + 1 < nu, out + 64, x8_units);
+                unpack_unit<K>(rp, vidx0, u * unit_bytes, nin, u + 1 < nu, out);
+                unpack_unit<K>(rp + kHalfRows, vidx1, u * unit_bytes, nin, u + 1 < nu, out + 64);
             }
             const int64_t b0 = u0 * K::G, nblk = std::min(nb, u1 * K::G) - b0;
             for (int64_t k = k0; k < k1; ++k) {
@@ -521,7 +467,7 @@ void run_gemm(const WeightView& w, const ActInt8& a, float* y, ThreadPool& pool)
 void BONSAI_GEMM_ENTRY(const WeightView& w, const ActInt8& a, float* y, ThreadPool& pool) {
     switch (w.type) {
         case TYPE_PTQ1_0: run_gemm<GPtq1>(w, a, y, pool); break;
-        case TYPE_PTQ1_0_X8: run_gemm<GPtq1X8>(w, a, y, pool); break;
+        case TYPE_PTQ1_0_R16: run_gemm<GPtq1>(w, a, y, pool); break;  // (interleaved: a panel's rows unpacked)
         case TYPE_TQ1_0: run_gemm<GTq1>(w, a, y, pool); break;
         case TYPE_TQ2_0: run_gemm<GTq2>(w, a, y, pool); break;
         case TYPE_Q2_0: run_gemm<GQ2g64>(w, a, y, pool); break;

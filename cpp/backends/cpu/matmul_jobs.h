@@ -12,10 +12,10 @@
 
 #include "act_quant.h"
 #include "bonsai/ops.h"
+#include "repack.h"
 
 namespace bonsai::cpu {
 
-constexpr int64_t kRowTile = 4;  // rows per tile: the unit of work handed to a thread
 constexpr int kMaxLayouts = 4;   // distinct INT8 layouts among the weights of one dispatch
 constexpr int kMaxJobs = kMaxLayouts * 4;
 // One token: a claim takes 1 / (threads * kGuidedSplit) of the tiles still unclaimed, but at least
@@ -51,7 +51,10 @@ struct JobSet {
 // 64-byte aligned start of at least `bytes` bytes of buf (grown as needed).
 void* grow_scratch(std::vector<uint8_t>& buf, size_t bytes);
 
-inline int64_t job_tiles(const Job& j) { return (j.w.rows + kRowTile - 1) / kRowTile; }
+// Rows per tile, the unit of work handed to a thread: repack.h's tile_rows of the weight's type (4;
+// the 16 rows of a PTQ1_0_R16 tile).
+inline int64_t job_tile_rows(const Job& j) { return tile_rows(j.w.type); }
+inline int64_t job_tiles(const Job& j) { return (j.w.rows + job_tile_rows(j) - 1) / job_tile_rows(j); }
 
 // Rows of tiles [tile_begin, tile_end) of job j into y, which receives row r of token t at
 // y[t * j.w.rows + r] (j.y itself, or a buffer laid out the same way).

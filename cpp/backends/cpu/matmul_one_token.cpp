@@ -128,8 +128,9 @@ struct OneTokenTask final : PoolTask {
             const int64_t lo = std::max(c, first_tile[i]), hi = std::min(e, first_tile[i + 1]);
             if (lo >= hi) continue;
             const Job& j = set.jobs[i];
-            const int64_t r0 = (lo - first_tile[i]) * kRowTile;
-            const int64_t r1 = std::min((hi - first_tile[i]) * kRowTile, j.w.rows);
+            const int64_t tr = job_tile_rows(j);
+            const int64_t r0 = (lo - first_tile[i]) * tr;
+            const int64_t r1 = std::min((hi - first_tile[i]) * tr, j.w.rows);
             f(j, r0, r1 - r0, off);
             off += r1 - r0;
         }
@@ -141,13 +142,14 @@ struct OneTokenTask final : PoolTask {
         while (claim(c, e)) {
             const uint64_t running = pack(RUNNING, ++sl.seq, c, e);
             sl.word.store(running, std::memory_order_release);
-            const int64_t rows = (e - c) * kRowTile;
+            int64_t rows = 0;
+            for_segments(c, e, [&](const Job&, int64_t, int64_t n, int64_t) { rows += n; });
             if (static_cast<int64_t>(sl.out.size()) < rows) sl.out.resize(static_cast<size_t>(rows));
             for_segments(c, e, [&](const Job& j, int64_t r0, int64_t n, int64_t off) {
                 Job part = j;  // the rows [r0, r0 + n) as a weight of their own, writing out[off..]
                 part.w.data = static_cast<const uint8_t*>(j.w.data) + r0 * static_cast<int64_t>(j.w.row_bytes);
                 part.w.rows = n;
-                run_rows(part, 0, (n + kRowTile - 1) / kRowTile, sl.out.data() + off);
+                run_rows(part, 0, job_tiles(part), sl.out.data() + off);
             });
             if (const int64_t d = g_test_delay_ns.load(std::memory_order_relaxed))
                 std::this_thread::sleep_for(std::chrono::nanoseconds(d));

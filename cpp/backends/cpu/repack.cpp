@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "bonsai/quant_blocks.h"
-#include "ptq1_0_x8.h"
+#include "ptq1_0_r16.h"
 
 namespace bonsai::cpu {
 
@@ -34,12 +34,11 @@ void interleave_q8_tile(const uint8_t* src, uint8_t* dst, int64_t rb, bool forwa
     }
 }
 
-// One tile of a weight of repacked type `type`: its n rows (4, or fewer after the last full tile:
-// `full` says which) from src to dst, both pointing at the tile's first row.
+// One tile of a weight of repacked type `type`: its n rows (tile_rows(type), or fewer after the last
+// full tile: `full` says which) from src to dst, both pointing at the tile's first row.
 void repack_tile(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes, bool full) {
-    if (type == TYPE_PTQ1_0_X8) {
-        const int64_t nb = row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0));
-        for (int64_t i = 0; i < n; ++i) pack_ptq1_0_x8_row(src + i * row_bytes, dst + i * row_bytes, nb);
+    if (type == TYPE_PTQ1_0_R16) {
+        pack_ptq1_0_r16_tile(src, dst, static_cast<int>(n), row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0)));
     } else if (full) {
         interleave_q8_tile(src, dst, row_bytes, true);
     } else {
@@ -55,48 +54,62 @@ GgmlType repacked_type_of_rows(GgmlType file, int64_t row_bytes) {
 }  // namespace
 
 GgmlType repacked_type(GgmlType type, int64_t cols) {
-    if (type == TYPE_PTQ1_0 && cols >= kX8Blocks * QK_PTQ1_0) return TYPE_PTQ1_0_X8;
+    if (type == TYPE_PTQ1_0 && cols >= QK_PTQ1_0) return TYPE_PTQ1_0_R16;
     if (type == TYPE_Q8_0 && cols >= 2 * QK8_0) return TYPE_Q8_0_R4;
     return type;
 }
 
 GgmlType file_type(GgmlType type) {
-    if (type == TYPE_PTQ1_0_X8) return TYPE_PTQ1_0;
+    if (type == TYPE_PTQ1_0_R16) return TYPE_PTQ1_0;
     if (type == TYPE_Q8_0_R4) return TYPE_Q8_0;
     return type;
 }
 
 bool is_repacked(GgmlType type) { return file_type(type) != type; }
 
-bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4; }
+bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4 || type == TYPE_PTQ1_0_R16; }
+
+int64_t tile_rows(GgmlType type) { return type == TYPE_PTQ1_0_R16 ? kR16Rows : 4; }
 
 void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
                  int64_t r1) {
     const GgmlType type = repacked_type_of_rows(file, row_bytes);
-    const int64_t full = rows / 4 * 4;
-    for (int64_t r = r0; r < r1; r += 4) {
-        const int64_t n = std::min<int64_t>(4, r1 - r);
-        repack_tile(type, src + r * row_bytes, dst + r * row_bytes, n, row_bytes, n == 4 && r + 4 <= full);
+    const int64_t tr = tile_rows(type), full = rows / tr * tr;
+    for (int64_t r = r0; r < r1; r += tr) {
+        const int64_t n = std::min<int64_t>(tr, r1 - r);
+        repack_tile(type, src + r * row_bytes, dst + r * row_bytes, n, row_bytes, n == tr && r + tr <= full);
     }
 }
 
 void repack_rows_in_place(GgmlType file, uint8_t* data, int64_t rows, int64_t row_bytes, int64_t r0, int64_t r1,
                           uint8_t* tmp) {
     const GgmlType type = repacked_type_of_rows(file, row_bytes);
-    const int64_t full = rows / 4 * 4;
-    for (int64_t r = r0; r < r1; r += 4) {
-        const int64_t n = std::min<int64_t>(4, r1 - r);
+    const int64_t tr = tile_rows(type), full = rows / tr * tr;
+    for (int64_t r = r0; r < r1; r += tr) {
+        const int64_t n = std::min<int64_t>(tr, r1 - r);
         std::memcpy(tmp, data + r * row_bytes, static_cast<size_t>(n * row_bytes));
-        repack_tile(type, tmp, data + r * row_bytes, n, row_bytes, n == 4 && r + 4 <= full);
+        repack_tile(type, tmp, data + r * row_bytes, n, row_bytes, n == tr && r + tr <= full);
     }
 }
 
 void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst) {
     const auto* data = static_cast<const uint8_t*>(w.data);
     const int64_t rb = static_cast<int64_t>(w.row_bytes);
-    if (w.type == TYPE_PTQ1_0_X8) {
-        for (int64_t r = r0; r < r1; ++r)
-            unpack_ptq1_0_x8_row(data + r * rb, dst + (r - r0) * rb, rb / static_cast<int64_t>(sizeof(block_ptq1_0)));
+    if (w.type == TYPE_PTQ1_0_R16) {  // whole tiles, through a copy for a tile the range cuts
+        const int64_t nb = rb / static_cast<int64_t>(sizeof(block_ptq1_0));
+        std::vector<uint8_t> tile;
+        for (int64_t r = r0; r < r1;) {
+            const int64_t t = r / kR16Rows * kR16Rows, n = std::min<int64_t>(kR16Rows, w.rows - t);
+            const int64_t e = std::min(r1, t + n);
+            if (r == t && e == t + n) {
+                unpack_ptq1_0_r16_tile(data + t * rb, dst + (r - r0) * rb, static_cast<int>(n), nb);
+            } else {
+                tile.resize(static_cast<size_t>(n * rb));
+                unpack_ptq1_0_r16_tile(data + t * rb, tile.data(), static_cast<int>(n), nb);
+                std::memcpy(dst + (r - r0) * rb, tile.data() + (r - t) * rb, static_cast<size_t>((e - r) * rb));
+            }
+            r = e;
+        }
         return;
     }
     const int64_t full = w.rows / 4 * 4;

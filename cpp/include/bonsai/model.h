@@ -197,7 +197,7 @@ private:
     int n_gpu_layers_ = 0;
     std::shared_ptr<const GpuModel> gpu_;  // device weights (CUDA builds with offloaded layers)
     HugeBuffer cpu_weights_;               // the copies made by copy_to_huge_pages (or empty)
-    uint64_t repacked_bytes_ = 0;          // weights repacked (PTQ1_0_X8, Q8_0_R4) by either of those
+    uint64_t repacked_bytes_ = 0;          // weights repacked (PTQ1_0_R16, Q8_0_R4) by either of those
 };
 
 }  // namespace bonsai

@@ -110,7 +110,6 @@ BONSAI_HD uint8_t pack_trits5(const int t[5]) {
     return static_cast<uint8_t>((q * 256 + 242) / 243);
 }
 
-// (constexpr: ptq1_0_x8.h builds a table of these bytes at compile time)
 BONSAI_HD constexpr uint8_t pack_trits4(const int t[4]) {
     int q = 0;
     for (int n = 0; n < 4; ++n) q = q * 3 + t[n];
