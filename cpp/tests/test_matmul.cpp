@@ -382,7 +382,7 @@ static void test_repacked() {
             CHECK(std::equal(wc.begin() + static_cast<int64_t>(rb), wc.end(), back.begin()));
             // (Q8_0 rows of fewer than 4 blocks: the same order)
             if (c.type == TYPE_PTQ1_0 || (rows >= 4 && c.cols >= 128)) CHECK(wx != w);
-            for (int64_t nt : {1, 2, 7}) {
+            for (int64_t nt : {1, 2, 7, 9}) {
                 std::vector<float> x(static_cast<size_t>(nt * c.cols));
                 for (auto& v : x) v = nd(rng);
                 std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());

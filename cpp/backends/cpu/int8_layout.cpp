@@ -172,8 +172,10 @@ const Int8Layout* one_token_q8_0_r4() {
 
 }  // namespace
 
+int64_t tile_batch_tokens(GgmlType type) { return type == TYPE_PTQ1_0_R16 ? 8 : 4; }
+
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens) {
-    if (path == CpuPath::AVX512 && n_tokens <= kTileBatchTokens) {
+    if (path == CpuPath::AVX512 && n_tokens <= tile_batch_tokens(type)) {
         if (type == TYPE_PTQ1_0) return one_token_ptq1_0();
         if (type == TYPE_PTQ1_0_R16) return one_token_ptq1_0_r16();
         if (type == TYPE_Q8_0_R4) return one_token_q8_0_r4();

@@ -56,19 +56,21 @@ struct Int8Layout {
     const uint8_t* gather_mask;
 };
 
-// Batches of up to this many tokens (several sequences decoding together) run on the AVX-512 path
-// through the one-token tiles, each tile computed for every token while its rows are in L1
-// (matmul_int8_avx512_impl.h), instead of the GEMM, whose per-panel unpacking pays off only over
-// more tokens. On a Zen 4 (2 threads, 2048-wide weights) 2 tokens took 0.43x the GEMM's time for a
-// 5632-row PTQ1_0 weight and 0.56x for a 32000-row Q8_0 head, 4 tokens 0.9x and 0.75x; at 5 the
-// two were even, from 6 on the GEMM is faster.
-constexpr int64_t kTileBatchTokens = 4;
+// Batches of up to tile_batch_tokens(type) tokens (several sequences decoding together) run on the
+// AVX-512 path through the one-token tiles, each tile computed for every token while its rows are
+// in L1 (matmul_int8_avx512_impl.h), instead of the GEMM, whose per-panel unpacking pays off only
+// over more tokens: 8 for PTQ1_0_R16, 4 for the others. On a Zen 4 (2 threads, 2048-wide weights),
+// against the GEMM: 2 tokens took 0.43x its time for a 5632-row PTQ1_0 weight (then in the PTQ1_0_X8
+// order) and 0.56x for a 32000-row Q8_0 head, 4 tokens 0.9x and 0.75x, and the head was even at 5
+// and slower from 6 on; the PTQ1_0_R16 tiles took 0.6-0.8x the GEMM's time at 5 and 6 tokens, 0.9x
+// at 8 and about the same at 12.
+int64_t tile_batch_tokens(GgmlType type);
 
 // Layout of a quantized type the INT8 kernels run; nullptr for anything else.
 const Int8Layout* int8_layout(GgmlType type);
 // The layout the kernel of `path` reads for n_tokens tokens: int8_layout(type), except the
 // one-token AVX-512 variants of PTQ1_0, PTQ1_0_R16 and Q8_0_R4 (see above) for batches of up to
-// kTileBatchTokens. A repacked type's int8_layout (repack.h) is its file type's.
+// tile_batch_tokens(type). A repacked type's int8_layout (repack.h) is its file type's.
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens);
 
 }  // namespace bonsai::cpu

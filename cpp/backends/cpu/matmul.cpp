@@ -7,11 +7,11 @@
 // thread that was descheduled or slowed by other load leaves its chunks to the others, the threads
 // finish close together, and the whole step is one pool dispatch. With a pool whose weights
 // outlive it (a Context's), that dispatch is a detached task that also takes over the chunk of a
-// worker descheduled in the middle of it (matmul_one_token.cpp). On the AVX-512 path a batch of up
-// to kTileBatchTokens tokens (int8_layout.h) is split the same way (one pool dispatch, not a task),
-// the tiles computing every token. More tokens: INT8 weights go to the AVX-512 GEMM
-// (matmul_int8_gemm.h) when it applies; otherwise each thread takes one contiguous range of each
-// weight's tiles.
+// worker descheduled in the middle of it (matmul_one_token.cpp). On the AVX-512 path the weights of
+// a batch of up to tile_batch_tokens(type) tokens (int8_layout.h) are split the same way (one pool
+// dispatch, not a task), the tiles computing every token. More tokens: INT8 weights go to the
+// AVX-512 GEMM (matmul_int8_gemm.h) when it applies; otherwise each thread takes one contiguous
+// range of each weight's tiles.
 // Scratch memory is thread-local (or owned by a recycled task) and only grows, so steady-state
 // calls do not allocate.
 #include "matmul.h"
@@ -84,20 +84,27 @@ ActInt8 quantize_input(const Int8Layout* layout, const float* x, int64_t cols, i
 
 void dispatch(const JobSet& set, ThreadPool& pool) {
     const Job* jobs = set.jobs;
-    const int n = set.n;
+    int n = set.n;
+    Job tiled[kMaxJobs];  // of two or more tokens: the jobs the one-token tiles run
+    if (jobs[0].n_tokens >= 2) {
+        int n_tiled = 0;
+        for (int i = 0; i < n; ++i) {
+            const Job* jp = &jobs[i];
+            if (jp->path == CpuPath::AVX512 && jp->n_tokens <= tile_batch_tokens(jp->w.type)) {
+                tiled[n_tiled++] = *jp;
+                continue;
+            }
+            if (jp->act && matmul_int8_gemm(jp->w, *jp->act, jp->y, pool, jp->path)) continue;  // AVX-512 GEMM
+            pool.parallel_for(job_tiles(*jp), [jp](int64_t b, int64_t e, int) { run_rows(*jp, b, e, jp->y); });
+        }
+        jobs = tiled;
+        n = n_tiled;
+    }
     int64_t first_tile[kMaxJobs + 1];
     first_tile[0] = 0;
     for (int i = 0; i < n; ++i) first_tile[i + 1] = first_tile[i] + job_tiles(jobs[i]);
     const int64_t total = first_tile[n];
     if (total == 0) return;
-    if (jobs[0].n_tokens >= 2 && (jobs[0].path != CpuPath::AVX512 || jobs[0].n_tokens > kTileBatchTokens)) {
-        for (int i = 0; i < n; ++i) {
-            const Job* jp = &jobs[i];
-            if (jp->act && matmul_int8_gemm(jp->w, *jp->act, jp->y, pool, jp->path)) continue;  // AVX-512 GEMM
-            pool.parallel_for(job_tiles(*jp), [jp](int64_t b, int64_t e, int) { run_rows(*jp, b, e, jp->y); });
-        }
-        return;
-    }
     const int64_t threads = pool.size();
     size_t bytes = 0;
     for (int i = 0; i < n; ++i) bytes += static_cast<size_t>(jobs[i].w.rows) * jobs[i].w.row_bytes;

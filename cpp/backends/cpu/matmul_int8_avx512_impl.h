@@ -434,7 +434,7 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
     const int64_t nu = (nb + KU::G - 1) / KU::G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     const uint8_t* end = base + rows * rb;
-    // Tile after tile, each for every token while its rows are in L1: up to kTileBatchTokens tokens
+    // Tile after tile, each for every token while its rows are in L1: up to tile_batch_tokens tokens
     // (int8_layout.h); more normally go to the GEMM (matmul_int8_gemm_impl.h), which unpacks each
     // weight once for all of them, and this loop is its exact (slower) equivalent.
     const int64_t prefetch_stride = kPrefetchRows * rb;
