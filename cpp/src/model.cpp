@@ -10,7 +10,6 @@
 #include <sstream>
 #include <thread>
 
-#include "../backends/cpu/ptq1_0_r16.h"
 #include "../backends/cpu/repack.h"
 #include "arch/arch.h"
 #ifdef BONSAI_CUDA
@@ -394,7 +393,7 @@ void Model::repack_in_place() {
     if (pieces.empty()) return;
     const size_t n_threads = load_threads(bytes);
     auto repack_tiles = [&](size_t t0, size_t t1) {  // tiles [t0, t1) over all pieces
-        std::vector<uint8_t> tmp(static_cast<size_t>(cpu::kR16Rows * max_row_bytes));
+        std::vector<uint8_t> tmp(static_cast<size_t>(cpu::kMaxTileRows * max_row_bytes));
         for (const Piece& pc : pieces) {
             const int64_t n = (pc.rows + pc.tile - 1) / pc.tile;
             const int64_t b = std::max(static_cast<int64_t>(t0), pc.first_tile) - pc.first_tile;

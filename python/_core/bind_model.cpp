@@ -165,12 +165,11 @@ py::array_t<float> decode(PyContext& self, const py::object& tokens, const py::o
         b.logits.assign(mask.begin(), mask.end());
     }
     const int64_t n_vocab = ctx.model().hparams().n_vocab;
-    // The rows go straight into the returned array (allocated here, with the GIL, for the rows the
-    // mask asks for); a different count of rows (not expected) goes through a copy.
+    // The rows go straight into the returned array, allocated here (with the GIL) for the rows the
+    // mask asks for: Context::decode outputs exactly those.
     const int64_t want = std::count_if(b.logits.begin(), b.logits.end(), [](int32_t v) { return v != 0; });
     py::array_t<float> out({static_cast<py::ssize_t>(want), static_cast<py::ssize_t>(n_vocab)});
     float* dst = out.mutable_data();
-    std::vector<float> rows;
     int64_t n_out = 0;
     {
         py::gil_scoped_release release;
@@ -178,15 +177,12 @@ py::array_t<float> decode(PyContext& self, const py::object& tokens, const py::o
         bonsai::Context& c = self.get();  // not closed meanwhile
         c.decode(b);
         n_out = c.n_outputs();
-        if (n_out == want)
-            std::copy(c.all_logits(), c.all_logits() + n_out * n_vocab, dst);
-        else
-            rows.assign(c.all_logits(), c.all_logits() + n_out * n_vocab);
+        if (n_out == want) std::copy(c.all_logits(), c.all_logits() + n_out * n_vocab, dst);
     }
-    if (n_out == want) return out;
-    py::array_t<float> other({static_cast<py::ssize_t>(n_out), static_cast<py::ssize_t>(n_vocab)});
-    std::copy(rows.begin(), rows.end(), other.mutable_data());
-    return other;
+    if (n_out != want)
+        throw Error("decode: internal error: " + std::to_string(n_out) + " output rows for " + std::to_string(want) +
+                    " requested logits");
+    return out;
 }
 
 py::array_t<float> embed(PyContext& self, const py::object& tokens, int seq, const py::object& pooling) {

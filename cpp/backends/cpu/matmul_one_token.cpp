@@ -142,8 +142,7 @@ struct OneTokenTask final : PoolTask {
         while (claim(c, e)) {
             const uint64_t running = pack(RUNNING, ++sl.seq, c, e);
             sl.word.store(running, std::memory_order_release);
-            int64_t rows = 0;
-            for_segments(c, e, [&](const Job&, int64_t, int64_t n, int64_t) { rows += n; });
+            const int64_t rows = (e - c) * kMaxTileRows;  // at most
             if (static_cast<int64_t>(sl.out.size()) < rows) sl.out.resize(static_cast<size_t>(rows));
             for_segments(c, e, [&](const Job& j, int64_t r0, int64_t n, int64_t off) {
                 Job part = j;  // the rows [r0, r0 + n) as a weight of their own, writing out[off..]

@@ -70,6 +70,7 @@ bool is_repacked(GgmlType type) { return file_type(type) != type; }
 bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4 || type == TYPE_PTQ1_0_R16; }
 
 int64_t tile_rows(GgmlType type) { return type == TYPE_PTQ1_0_R16 ? kR16Rows : 4; }
+static_assert(kMaxTileRows == kR16Rows);
 
 void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
                  int64_t r1) {

@@ -38,6 +38,7 @@ bool rows_interleaved(GgmlType type);
 // Rows per tile of a weight of `type`: 16 for PTQ1_0_R16, 4 otherwise. Work is split, and weights
 // repacked (tile_rows(repacked_type(...))), in whole tiles.
 int64_t tile_rows(GgmlType type);
+constexpr int64_t kMaxTileRows = 16;  // the largest tile_rows
 
 // Q8_0_R4 tiles (above): blocks per group, and where a tile of nb-block rows keeps group g's codes
 // and scales and the blocks after its groups.
