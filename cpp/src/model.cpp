@@ -272,7 +272,7 @@ std::vector<WeightView*> Model::cpu_streamed_views() {
     return views;
 }
 
-// PTQ1_0 and Q8_0 matrices are repacked (PTQ1_0_R16, Q8_0_R4) on the AVX-512 path, unless the head
+// PTQ1_0 and Q8_0 matrices are repacked (PTQ1_0_R16 or R16L, Q8_0_R4) on the AVX-512 path, unless the head
 // is tied: the embedding lookup reads those bytes too.
 bool Model::repacks(const WeightView* v) const {
     return params_.repack && active_cpu_path() == CpuPath::AVX512 && v->data && v->rows > 0 &&
@@ -312,8 +312,8 @@ void Model::copy_to_huge_pages() {
         if (repacks(v)) {
             pc.rows = v->rows;
             pc.row_bytes = v->row_bytes;
-            pc.type = v->type;
-            pc.tile = cpu::tile_rows(cpu::repacked_type(v->type, v->cols));
+            pc.type = cpu::repacked_type(v->type, v->cols);
+            pc.tile = cpu::tile_rows(pc.type);
             repacked_bytes += bytes;
         }
         pieces.push_back(pc);
@@ -384,8 +384,9 @@ void Model::repack_in_place() {
     for (const WeightView* v : views) {
         if (!repacks(v) || !seen.insert(v->data).second) continue;
         const auto rb = static_cast<int64_t>(v->row_bytes);
-        const int64_t tr = cpu::tile_rows(cpu::repacked_type(v->type, v->cols));
-        pieces.push_back({buf + (static_cast<const uint8_t*>(v->data) - base), v->rows, rb, v->type, tiles, tr});
+        const GgmlType type = cpu::repacked_type(v->type, v->cols);
+        const int64_t tr = cpu::tile_rows(type);
+        pieces.push_back({buf + (static_cast<const uint8_t*>(v->data) - base), v->rows, rb, type, tiles, tr});
         tiles += (v->rows + tr - 1) / tr;
         max_row_bytes = std::max(max_row_bytes, rb);
         bytes += static_cast<uint64_t>(v->rows) * v->row_bytes;

@@ -229,6 +229,7 @@ void quantize_row(GgmlType type, const float* x, void* dst, int64_t n) {
         case TYPE_Q2_0_G128:
         case TYPE_PQ2_0: quantize_q2(t, x, static_cast<uint8_t*>(dst), nb); return;
         case TYPE_PTQ1_0_R16:
+        case TYPE_PTQ1_0_R16L:
         case TYPE_Q8_0_R4: break;  // in-memory orders of the CPU backend, never written
     }
     fail(std::string("quantize_row: no quantizer for ") + t.name);
@@ -309,6 +310,7 @@ void dequantize_row(GgmlType type, const void* src, float* y, int64_t n) {
             return;
         }
         case TYPE_PTQ1_0_R16:
+        case TYPE_PTQ1_0_R16L:
         case TYPE_Q8_0_R4: break;  // the CPU backend's own orders (cpu::get_rows_cpu reads them)
     }
     fail(std::string("dequantize_row: no dequantizer for ") + t.name);

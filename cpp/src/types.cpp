@@ -21,6 +21,7 @@ const TypeTraits kTraits[] = {
     {TYPE_Q2_0_G128, "Q2_0_G128", 42, QK2_0_G128, sizeof(block_q2_0_g128), true},
     // in-memory orders of the CPU backend, after their file types (ids 143 and 8 find those)
     {TYPE_PTQ1_0_R16, "PTQ1_0", 143, QK_PTQ1_0, sizeof(block_ptq1_0), true},
+    {TYPE_PTQ1_0_R16L, "PTQ1_0", 143, QK_PTQ1_0, sizeof(block_ptq1_0), true},
     {TYPE_Q8_0_R4, "Q8_0", 8, QK8_0, sizeof(block_q8_0), false},
 };
 

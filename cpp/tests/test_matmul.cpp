@@ -19,6 +19,7 @@
 #include "../backends/cpu/block_unpack.h"
 #include "../backends/cpu/cpu_features.h"
 #include "../backends/cpu/matmul_jobs.h"
+#include "../backends/cpu/ptq1_0_r16.h"
 #include "../backends/cpu/repack.h"
 #include "bonsai/error.h"
 #include "bonsai/ops.h"
@@ -168,14 +169,15 @@ static void test_no_read_past_end() {
     struct Weight {
         GgmlType type;
         int64_t cols;
-        bool repacked;  // stored as repacked_type (repack.h)
+        GgmlType stored;  // type, or a repacked type of it (repack.h)
     };
     std::vector<Weight> weights;
     for (GgmlType type : {TYPE_PTQ1_0, TYPE_TQ1_0, TYPE_TQ2_0, TYPE_Q2_0, TYPE_Q2_0_G128, TYPE_PQ2_0, TYPE_Q4_0,
                           TYPE_Q8_0, TYPE_F32, TYPE_F16, TYPE_BF16})
-        weights.push_back({type, type_traits(type)->block_size == 256 ? 768 : 640, false});
-    for (const Weight& r : {Weight{TYPE_PTQ1_0, 1024, true}, Weight{TYPE_PTQ1_0, 1408, true}, Weight{TYPE_Q8_0, 2080, true}})
-        weights.push_back(r);
+        weights.push_back({type, type_traits(type)->block_size == 256 ? 768 : 640, type});
+    for (GgmlType r16 : {TYPE_PTQ1_0_R16, TYPE_PTQ1_0_R16L})
+        for (int64_t cols : {1024, 1408}) weights.push_back({TYPE_PTQ1_0, cols, r16});
+    weights.push_back({TYPE_Q8_0, 2080, TYPE_Q8_0_R4});
     std::mt19937 rng(3);
     ThreadPool pool(2);
     for (const Weight& wt : weights) {
@@ -190,11 +192,11 @@ static void test_no_read_past_end() {
         mprotect(guard, page, PROT_NONE);
         uint8_t* data = guard - w.size();
         const size_t rb = type_row_bytes(type, cols);
-        if (wt.repacked)
-            cpu::repack_rows(type, w.data(), data, rows, static_cast<int64_t>(rb), 0, rows);
+        if (wt.stored != type)
+            cpu::repack_rows(wt.stored, w.data(), data, rows, static_cast<int64_t>(rb), 0, rows);
         else
             std::memcpy(data, w.data(), w.size());
-        const WeightView wv{wt.repacked ? cpu::repacked_type(type, cols) : type, data, rows, cols, rb};
+        const WeightView wv{wt.stored, data, rows, cols, rb};
         for (int64_t nt : {1, 2, 3, 17}) {
             std::vector<float> x(static_cast<size_t>(nt * cols), 0.25f), y(static_cast<size_t>(nt * rows));
             for (CpuPath p : available_cpu_paths())
@@ -333,32 +335,61 @@ static void test_one_token_takeover() {
     cpu::set_one_token_worker_delay_for_tests(0);
 }
 
-// w as unpacking its repacked rows gives it back: PTQ1_0_R16 tiles re-code their qh trits
-// (ptq1_0_r16.h), so every qh byte comes back in the quantizers' form (pack_trits4 of the byte's
-// four trits); other types are unchanged.
-static std::vector<uint8_t> canonical_qh(GgmlType type, std::vector<uint8_t> w, int64_t rows, size_t rb) {
-    if (type != TYPE_PTQ1_0) return w;
+// w as unpacking its rows repacked as `type` gives it back: PTQ1_0_R16 tiles re-code their qh trits
+// and R16L tiles their qs bytes too (ptq1_0_r16.h), so those bytes come back in the quantizers' form
+// (pack_trits4 / pack_trits5 of the byte's trits); other types are unchanged.
+static std::vector<uint8_t> canonical_trits(GgmlType type, std::vector<uint8_t> w, int64_t rows, size_t rb) {
+    if (type != TYPE_PTQ1_0_R16 && type != TYPE_PTQ1_0_R16L) return w;
     const size_t nb = rb / sizeof(block_ptq1_0);
     for (int64_t r = 0; r < rows; ++r)
-        for (size_t b = 0; b < nb; ++b)
+        for (size_t b = 0; b < nb; ++b) {
+            uint8_t* blk = &w[r * rb + b * sizeof(block_ptq1_0)];
+            for (size_t k = 0; k < sizeof(block_ptq1_0::qs) && type == TYPE_PTQ1_0_R16L; ++k) {
+                int t[5];
+                for (int n = 0; n < 5; ++n) t[n] = trit_of(blk[k], n);
+                blk[k] = pack_trits5(t);
+            }
             for (int h = 0; h < 2; ++h) {
-                uint8_t& q = w[r * rb + b * sizeof(block_ptq1_0) + offsetof(block_ptq1_0, qh) + h];
+                uint8_t& q = blk[offsetof(block_ptq1_0, qh) + h];
                 int t[4];
                 for (int n = 0; n < 4; ++n) t[n] = trit_of(q, n);
                 q = pack_trits4(t);
             }
+        }
     return w;
 }
 
-// Repacked weights (repack.h: PTQ1_0_R16, Q8_0_R4): the reordering is undone exactly, for whole
-// matrices and for row ranges; every path, mode, token count and thread count gives from the
-// repacked rows exactly what it gives from the file's (INT8: the scalar reference), for rows of
+// The R16 code (ptq1_0_r16.h): every one of the 256 file bytes gets a code whose table lookups,
+// made as the kernel makes them (low six bits; key ^ code >> 2), give the byte's five trits, and the
+// code converts back to the canonical byte of those trits; the 243 trit tuples get 243 codes.
+static void test_r16_code() {
+    std::vector<bool> used(256, false);
+    int distinct = 0;
+    for (int b = 0; b < 256; ++b) {
+        const uint8_t c = cpu::r16_qs_code(static_cast<uint8_t>(b));
+        int t[5];
+        for (int n = 0; n < 5; ++n) t[n] = trit_of(static_cast<uint8_t>(b), n);
+        const int l = c & 63, idx = (cpu::kR16Qs.key[l] ^ (c >> 2)) & 63;
+        CHECK(cpu::kR16Qs.t0[l] == t[0] && cpu::kR16Qs.t1[l] == t[1]);
+        CHECK(cpu::kR16Qs.t2[idx] == t[2] && cpu::kR16Qs.t3[idx] == t[3] && cpu::kR16Qs.t4[idx] == t[4]);
+        CHECK(cpu::r16_qs_byte(c) == pack_trits5(t));
+        if (!used[c]) ++distinct;
+        used[c] = true;
+    }
+    CHECK(distinct == 243);
+}
+
+// Repacked weights (repack.h: PTQ1_0_R16 and R16L, Q8_0_R4): the reordering is undone exactly (trit
+// bytes canonical), for whole matrices and for row ranges; every path, mode, token count and thread
+// count gives from the repacked rows exactly what it gives from the file's (INT8: the scalar
+// reference; R16L with VBMI on natively, switched off converted back), for rows of
 // whole units and of units and one block or more, row counts that are and are not multiples of 4
 // and 16 (R16 tiles of 16 rows, and a last tile of fewer); get_rows agrees (test_no_read_past_end
 // covers them too).
 static void test_repacked() {
-    CHECK(cpu::repacked_type(TYPE_PTQ1_0, 128) == TYPE_PTQ1_0_R16 && cpu::repacked_type(TYPE_Q8_0, 32) == TYPE_Q8_0);
-    CHECK(cpu::tile_rows(TYPE_PTQ1_0_R16) == 16 && cpu::tile_rows(TYPE_PTQ1_0) == 4);
+    CHECK(cpu::repacked_type(TYPE_PTQ1_0, 128) == (cpu::cpu_has_avx512_vbmi() ? TYPE_PTQ1_0_R16L : TYPE_PTQ1_0_R16));
+    CHECK(cpu::repacked_type(TYPE_Q8_0, 32) == TYPE_Q8_0);
+    CHECK(cpu::tile_rows(TYPE_PTQ1_0_R16) == 16 && cpu::tile_rows(TYPE_PTQ1_0_R16L) == 16 && cpu::tile_rows(TYPE_PTQ1_0) == 4);
     CHECK(cpu::repacked_type(TYPE_TQ2_0, 4096) == TYPE_TQ2_0 && !cpu::is_repacked(TYPE_Q8_0));
     std::mt19937 rng(8);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -367,38 +398,39 @@ static void test_repacked() {
                           {TYPE_PTQ1_0, 2944}, {TYPE_Q8_0, 64},     {TYPE_Q8_0, 96},     {TYPE_Q8_0, 128},
                           {TYPE_Q8_0, 224},    {TYPE_Q8_0, 2048},   {TYPE_Q8_0, 2080}};
     for (const Case& c : cases) {
-        const GgmlType rt = cpu::repacked_type(c.type, c.cols);
-        CHECK(rt != c.type && cpu::file_type(rt) == c.type);
-        for (int64_t rows : {1, 3, 4, 16, 29}) {
-            std::vector<uint8_t> w = random_weight(c.type, rows, c.cols, rng), wx(w.size()), back(w.size());
-            const size_t rb = type_row_bytes(c.type, c.cols);
-            cpu::repack_rows(c.type, w.data(), wx.data(), rows, static_cast<int64_t>(rb), 0, rows);
-            const WeightView wv{c.type, w.data(), rows, c.cols, rb}, xv{rt, wx.data(), rows, c.cols, rb};
-            const std::vector<uint8_t> wc = canonical_qh(c.type, w, rows, rb);
-            CHECK(c.type != TYPE_PTQ1_0 || wc != w);  // (random qh bytes: most not in the quantizers' form)
-            cpu::unpack_rows(xv, 0, rows, back.data());
-            CHECK(back == wc);
-            cpu::unpack_rows(xv, 1, rows, back.data());
-            CHECK(std::equal(wc.begin() + static_cast<int64_t>(rb), wc.end(), back.begin()));
-            // (Q8_0 rows of fewer than 4 blocks: the same order)
-            if (c.type == TYPE_PTQ1_0 || (rows >= 4 && c.cols >= 128)) CHECK(wx != w);
-            for (int64_t nt : {1, 2, 7, 9}) {
-                std::vector<float> x(static_cast<size_t>(nt * c.cols));
-                for (auto& v : x) v = nd(rng);
-                std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
-                matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
-                check_int8_paths(xv, x, nt, ref, pool1, pool2);
-                for (CpuPath p : available_cpu_paths()) {
-                    matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::FLOAT, pool2, p);
-                    matmul_on_path(xv, x.data(), nt, y.data(), ActMode::FLOAT, pool2, p);
-                    CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+        for (GgmlType rt : {TYPE_PTQ1_0_R16, TYPE_PTQ1_0_R16L, TYPE_Q8_0_R4}) {
+            if (cpu::file_type(rt) != c.type) continue;
+            for (int64_t rows : {1, 3, 4, 16, 29}) {
+                std::vector<uint8_t> w = random_weight(c.type, rows, c.cols, rng), wx(w.size()), back(w.size());
+                const size_t rb = type_row_bytes(c.type, c.cols);
+                cpu::repack_rows(rt, w.data(), wx.data(), rows, static_cast<int64_t>(rb), 0, rows);
+                const WeightView wv{c.type, w.data(), rows, c.cols, rb}, xv{rt, wx.data(), rows, c.cols, rb};
+                const std::vector<uint8_t> wc = canonical_trits(rt, w, rows, rb);
+                CHECK(c.type != TYPE_PTQ1_0 || wc != w);  // (random trit bytes: many not in the quantizers' form)
+                cpu::unpack_rows(xv, 0, rows, back.data());
+                CHECK(back == wc);
+                cpu::unpack_rows(xv, 1, rows, back.data());
+                CHECK(std::equal(wc.begin() + static_cast<int64_t>(rb), wc.end(), back.begin()));
+                // (Q8_0 rows of fewer than 4 blocks: the same order)
+                if (c.type == TYPE_PTQ1_0 || (rows >= 4 && c.cols >= 128)) CHECK(wx != w);
+                for (int64_t nt : {1, 2, 7, 9}) {
+                    std::vector<float> x(static_cast<size_t>(nt * c.cols));
+                    for (auto& v : x) v = nd(rng);
+                    std::vector<float> ref(static_cast<size_t>(nt * rows)), y(ref.size());
+                    matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::INT8, pool1, CpuPath::SCALAR);
+                    check_int8_paths(xv, x, nt, ref, pool1, pool2);
+                    for (CpuPath p : available_cpu_paths()) {
+                        matmul_on_path(wv, x.data(), nt, ref.data(), ActMode::FLOAT, pool2, p);
+                        matmul_on_path(xv, x.data(), nt, y.data(), ActMode::FLOAT, pool2, p);
+                        CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+                    }
                 }
+                const int32_t ids[3] = {0, static_cast<int32_t>(rows - 1), static_cast<int32_t>(rows / 2)};
+                std::vector<float> gr(static_cast<size_t>(3 * c.cols)), gx(gr.size());
+                get_rows(wv, ids, 3, gr.data());
+                get_rows(xv, ids, 3, gx.data());
+                CHECK(gr == gx);
             }
-            const int32_t ids[3] = {0, static_cast<int32_t>(rows - 1), static_cast<int32_t>(rows / 2)};
-            std::vector<float> gr(static_cast<size_t>(3 * c.cols)), gx(gr.size());
-            get_rows(wv, ids, 3, gr.data());
-            get_rows(xv, ids, 3, gx.data());
-            CHECK(gr == gx);
         }
     }
 }
@@ -409,6 +441,7 @@ int main() {
     test_int8_paths();
     test_no_read_past_end();
     test_shared_input();
+    test_r16_code();
     test_repacked();
     test_errors_and_paths();
     if (g_failures) {

@@ -7,6 +7,7 @@
 
 #include "block_unpack.h"
 #include "bonsai/quant_blocks.h"
+#include "cpu_features.h"
 #include "ptq1_0_r16.h"
 #include "repack.h"
 
@@ -172,16 +173,20 @@ const Int8Layout* one_token_q8_0_r4() {
 
 }  // namespace
 
-int64_t tile_batch_tokens(GgmlType type) { return type == TYPE_PTQ1_0_R16 ? 8 : 4; }
+int64_t tile_batch_tokens(GgmlType type) { return type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L ? 8 : 4; }
 
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens) {
     if (path == CpuPath::AVX512 && n_tokens <= tile_batch_tokens(type)) {
         if (type == TYPE_PTQ1_0) return one_token_ptq1_0();
         if (type == TYPE_PTQ1_0_R16) return one_token_ptq1_0_r16();
+        // (R16L's code needs VBMI's lookups: with VBMI switched off its tiles are read converted back)
+        if (type == TYPE_PTQ1_0_R16L) return avx512_vbmi_enabled() ? one_token_ptq1_0_r16() : one_token_ptq1_0();
         if (type == TYPE_Q8_0_R4) return one_token_q8_0_r4();
     }
     return int8_layout(type);
 }
+
+bool reads_repacked(const Int8Layout* layout) { return layout == one_token_ptq1_0_r16() || layout == one_token_q8_0_r4(); }
 
 const Int8Layout* int8_layout(GgmlType type) {
     type = file_type(type);  // repacked weights (repack.h): their codes are the file type's

@@ -25,8 +25,8 @@
 // PTQ1_0_R16 (ptq1_0_r16.h), one token on AVX-512: G=1 C=3, 34 dwords used. Dword 5 k + n (k < 6,
 // n < 5), byte i is the element of trit n of qs byte 4 k + i; dword 30 + f, byte i < 2 that of
 // field f of re-coded qh byte i (element 120 + 2 f + i); the kernel broadcasts each dword to the 16
-// rows of a tile. Every other path reads R16 weights converted back to PTQ1_0, so it gets PTQ1_0's
-// layout.
+// rows of a tile; R16L the same (with VBMI). Every other path reads R16 and R16L weights converted
+// back to PTQ1_0, so it gets PTQ1_0's layout.
 // Q8_0_R4 (repack.h), one token on AVX-512: G=4 C=2. Byte p = 16 j + k of vector v is element
 // 16 v + k of block j (the order of a tile row's two vectors); the blocks past the last group use
 // Q8_0's units (`rest`).
@@ -59,7 +59,7 @@ struct Int8Layout {
 // Batches of up to tile_batch_tokens(type) tokens (several sequences decoding together) run on the
 // AVX-512 path through the one-token tiles, each tile computed for every token while its rows are
 // in L1 (matmul_int8_avx512_impl.h), instead of the GEMM, whose per-panel unpacking pays off only
-// over more tokens: 8 for PTQ1_0_R16, 4 for the others. On a Zen 4 (2 threads, 2048-wide weights),
+// over more tokens: 8 for PTQ1_0_R16 and R16L, 4 for the others. On a Zen 4 (2 threads, 2048-wide weights),
 // against the GEMM: 2 tokens took 0.43x its time for a 5632-row PTQ1_0 weight (then in the PTQ1_0_X8
 // order) and 0.56x for a 32000-row Q8_0 head, 4 tokens 0.9x and 0.75x, and the head was even at 5
 // and slower from 6 on; the PTQ1_0_R16 tiles took 0.6-0.8x the GEMM's time at 5 and 6 tokens, 0.9x
@@ -70,7 +70,12 @@ int64_t tile_batch_tokens(GgmlType type);
 const Int8Layout* int8_layout(GgmlType type);
 // The layout the kernel of `path` reads for n_tokens tokens: int8_layout(type), except the
 // one-token AVX-512 variants of PTQ1_0, PTQ1_0_R16 and Q8_0_R4 (see above) for batches of up to
-// tile_batch_tokens(type). A repacked type's int8_layout (repack.h) is its file type's.
+// tile_batch_tokens(type). A repacked type's int8_layout (repack.h) is its file type's. PTQ1_0_R16L
+// shares R16's layout while AVX-512 VBMI is enabled (its code is read by VBMI lookups) and gets
+// PTQ1_0's one-token layout otherwise.
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens);
+// Whether an AVX-512 kernel given `layout` reads repacked tiles themselves (the one-token layouts
+// of PTQ1_0_R16 / R16L and Q8_0_R4); with any other layout, repacked weights are read converted back.
+bool reads_repacked(const Int8Layout* layout);
 
 }  // namespace bonsai::cpu

@@ -183,7 +183,7 @@ void run_rows(const Job& j, int64_t tile_begin, int64_t tile_end, float* y) {
     const WeightView& w = j.w;
     // AVX-512 reads repacked rows itself with their one-token layouts (two or more tokens go to the
     // GEMM before this)
-    const bool native = j.act && j.path == CpuPath::AVX512 && j.act->layout != int8_layout(w.type);
+    const bool native = j.act && j.path == CpuPath::AVX512 && reads_repacked(j.act->layout);
     if (is_repacked(w.type) && !native) {
         run_rows_converted(j, tile_begin, tile_end, y);
         return;

@@ -426,6 +426,55 @@ BONSAI_AVX512 __m512 tile_r16(const uint8_t* p0, int n, const int8_t* act, const
     return acc;
 }
 
+#if BONSAI_TRIT_LUT
+// PTQ1_0_R16L, one tile of n rows (16, or the weight's last n < 16) x 1 token (ptq1_0_r16.h,
+// int8_layout.h): tile_r16's products in tile_r16's order, the trits read from R16 codes instead of
+// base-3 bytes. Per block: vpermb lookups of each qs vector's low six bits give trits 0 and 1, and
+// of (key ^ code >> 2) trits 2..4 (no trit-0 products, masks or stand-in keys), each multiplied
+// with its activation dword broadcast; the tail vector's 2-bit qh fields add four more; two
+// accumulators alternate. Then isum_b = s - asum_b and acc = fma(d_b, isum_b, acc) block after
+// block, bit-identical to the scalar kernel. (VBMI only: with it switched off R16L is read
+// converted back.)
+template <bool kFull>
+BONSAI_AVX512 __m512 tile_r16l(const uint8_t* p0, int n, const int8_t* act, const int32_t* asum, int64_t nb,
+                              int64_t prefetch_stride) {
+    const int64_t bb = static_cast<int64_t>(sizeof(block_ptq1_0)) * n;  // bytes of a block of the tile
+    const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i t0 = _mm512_load_si512(kR16Qs.t0), t1 = _mm512_load_si512(kR16Qs.t1);
+    const __m512i key = _mm512_load_si512(kR16Qs.key);
+    const __m512i t2 = _mm512_load_si512(kR16Qs.t2), t3 = _mm512_load_si512(kR16Qs.t3), t4 = _mm512_load_si512(kR16Qs.t4);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* q = p0 + b * bb;
+        const int8_t* ab = act + b * kR16ActVectors * 64;
+        if constexpr (kFull)
+            for (int l = 0; l < kR16Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(q + prefetch_stride + l), kStreamPrefetchHint);
+        __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int k = 0; k < 6; ++k) {
+            const __m512i src = kFull ? _mm512_loadu_si512(q + 64 * k) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * k);
+            const int8_t* ak = ab + 4 * (5 * k);
+            // every byte's code >> 2 in its low six bits (the bits shifted in from the next byte
+            // land in bits 6 and 7, which vpermb ignores)
+            const __m512i idx = _mm512_xor_si512(_mm512_permutexvar_epi8(src, key), _mm512_srli_epi16(src, 2));
+            s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(src, t0), ak);
+            s[1] = dpbusd_bcast(s[1], _mm512_permutexvar_epi8(src, t1), ak + 4);
+            s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(idx, t2), ak + 8);
+            s[1] = dpbusd_bcast(s[1], _mm512_permutexvar_epi8(idx, t3), ak + 12);
+            s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(idx, t4), ak + 16);
+        }
+        const __m512i tail = kFull ? _mm512_loadu_si512(q + 64 * 6) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * 6);
+        for (int f = 0; f < 4; ++f)
+            s[f % 2] = dpbusd_bcast(s[f % 2], _mm512_and_si512(f == 0 ? tail : _mm512_srli_epi16(tail, 2 * f), m3),
+                                    ab + 4 * (30 + f));
+        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_set1_epi32(asum[b]));
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail, 16)));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
+    }
+    return acc;
+}
+#endif
+
 template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
     const int64_t nb = a.n_blocks, rows = w.rows, rb = static_cast<int64_t>(w.row_bytes);
@@ -446,15 +495,22 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
         const uint8_t* e = base + std::min(r1, r0 + kPrefetchRows) * rb;
         for (; p < e; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), kStreamPrefetchHint);
     }
-    if constexpr (std::is_same_v<K, KPtq1R16>) {  // tiles of 16 rows, the weight's last one of rows % 16
+    if constexpr (std::is_same_v<K, KPtq1R16>) {  // R16 / R16L: tiles of 16 rows, the weight's last one of rows % 16
         for (int64_t t0 = r0 / kR16Rows * kR16Rows; t0 < r1; t0 += kR16Rows) {
             const int n = static_cast<int>(std::min<int64_t>(kR16Rows, rows - t0));
             const uint8_t* p0 = base + t0 * rb;
             for (int64_t t = 0; t < a.n_tokens; ++t) {
                 const int8_t* act = a.slots + t * a.slot_bytes;
                 const int32_t* asum = a.asum + t * nb;
-                const __m512 v = n == kR16Rows ? tile_r16<true>(p0, n, act, asum, nb, prefetch_stride)
-                                               : tile_r16<false>(p0, n, act, asum, nb, prefetch_stride);
+                __m512 v;
+#if BONSAI_TRIT_LUT
+                if (w.type == TYPE_PTQ1_0_R16L)
+                    v = n == kR16Rows ? tile_r16l<true>(p0, n, act, asum, nb, prefetch_stride)
+                                      : tile_r16l<false>(p0, n, act, asum, nb, prefetch_stride);
+                else
+#endif
+                    v = n == kR16Rows ? tile_r16<true>(p0, n, act, asum, nb, prefetch_stride)
+                                      : tile_r16<false>(p0, n, act, asum, nb, prefetch_stride);
                 alignas(64) float out[kR16Rows];
                 _mm512_store_ps(out, _mm512_mul_ps(v, _mm512_set1_ps(a.scale[t])));
                 for (int64_t i = std::max(r0, t0); i < std::min(t0 + n, r1); ++i) y[t * rows + i] = out[i - t0];
@@ -518,6 +574,9 @@ BONSAI_AVX512 void BONSAI_AVX512_ENTRY(const WeightView& w, const ActInt8& a, in
     switch (w.type) {
         case TYPE_PTQ1_0: run_int8<KPtq1>(w, a, r0, r1, y); break;
         case TYPE_PTQ1_0_R16: run_int8<KPtq1R16>(w, a, r0, r1, y); break;
+#if BONSAI_TRIT_LUT
+        case TYPE_PTQ1_0_R16L: run_int8<KPtq1R16>(w, a, r0, r1, y); break;  // (without VBMI: read converted)
+#endif
         case TYPE_TQ1_0: run_int8<KTq1>(w, a, r0, r1, y); break;
         case TYPE_TQ2_0: run_int8<KTq2>(w, a, r0, r1, y); break;
         case TYPE_Q2_0: run_int8<KQ2g64>(w, a, r0, r1, y); break;

@@ -467,7 +467,8 @@ void run_gemm(const WeightView& w, const ActInt8& a, float* y, ThreadPool& pool)
 void BONSAI_GEMM_ENTRY(const WeightView& w, const ActInt8& a, float* y, ThreadPool& pool) {
     switch (w.type) {
         case TYPE_PTQ1_0: run_gemm<GPtq1>(w, a, y, pool); break;
-        case TYPE_PTQ1_0_R16: run_gemm<GPtq1>(w, a, y, pool); break;  // (interleaved: a panel's rows unpacked)
+        case TYPE_PTQ1_0_R16:
+        case TYPE_PTQ1_0_R16L: run_gemm<GPtq1>(w, a, y, pool); break;  // (interleaved: a panel's rows unpacked)
         case TYPE_TQ1_0: run_gemm<GTq1>(w, a, y, pool); break;
         case TYPE_TQ2_0: run_gemm<GTq2>(w, a, y, pool); break;
         case TYPE_Q2_0: run_gemm<GQ2g64>(w, a, y, pool); break;

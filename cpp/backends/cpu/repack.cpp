@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bonsai/quant_blocks.h"
+#include "cpu_features.h"
 #include "ptq1_0_r16.h"
 
 namespace bonsai::cpu {
@@ -37,8 +38,9 @@ void interleave_q8_tile(const uint8_t* src, uint8_t* dst, int64_t rb, bool forwa
 // One tile of a weight of repacked type `type`: its n rows (tile_rows(type), or fewer after the last
 // full tile: `full` says which) from src to dst, both pointing at the tile's first row.
 void repack_tile(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes, bool full) {
-    if (type == TYPE_PTQ1_0_R16) {
-        pack_ptq1_0_r16_tile(src, dst, static_cast<int>(n), row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0)));
+    if (type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L) {
+        pack_ptq1_0_r16_tile(src, dst, static_cast<int>(n), row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0)),
+                             type == TYPE_PTQ1_0_R16L);
     } else if (full) {
         interleave_q8_tile(src, dst, row_bytes, true);
     } else {
@@ -46,35 +48,29 @@ void repack_tile(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t n, int
     }
 }
 
-GgmlType repacked_type_of_rows(GgmlType file, int64_t row_bytes) {
-    const TypeTraits* tr = type_traits(file);
-    return repacked_type(file, row_bytes / static_cast<int64_t>(tr->type_size) * tr->block_size);
-}
-
 }  // namespace
 
 GgmlType repacked_type(GgmlType type, int64_t cols) {
-    if (type == TYPE_PTQ1_0 && cols >= QK_PTQ1_0) return TYPE_PTQ1_0_R16;
+    if (type == TYPE_PTQ1_0 && cols >= QK_PTQ1_0) return cpu_has_avx512_vbmi() ? TYPE_PTQ1_0_R16L : TYPE_PTQ1_0_R16;
     if (type == TYPE_Q8_0 && cols >= 2 * QK8_0) return TYPE_Q8_0_R4;
     return type;
 }
 
 GgmlType file_type(GgmlType type) {
-    if (type == TYPE_PTQ1_0_R16) return TYPE_PTQ1_0;
+    if (type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L) return TYPE_PTQ1_0;
     if (type == TYPE_Q8_0_R4) return TYPE_Q8_0;
     return type;
 }
 
 bool is_repacked(GgmlType type) { return file_type(type) != type; }
 
-bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4 || type == TYPE_PTQ1_0_R16; }
+bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4 || type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L; }
 
-int64_t tile_rows(GgmlType type) { return type == TYPE_PTQ1_0_R16 ? kR16Rows : 4; }
+int64_t tile_rows(GgmlType type) { return type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L ? kR16Rows : 4; }
 static_assert(kMaxTileRows == kR16Rows);
 
-void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
+void repack_rows(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
                  int64_t r1) {
-    const GgmlType type = repacked_type_of_rows(file, row_bytes);
     const int64_t tr = tile_rows(type), full = rows / tr * tr;
     for (int64_t r = r0; r < r1; r += tr) {
         const int64_t n = std::min<int64_t>(tr, r1 - r);
@@ -82,9 +78,8 @@ void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, 
     }
 }
 
-void repack_rows_in_place(GgmlType file, uint8_t* data, int64_t rows, int64_t row_bytes, int64_t r0, int64_t r1,
+void repack_rows_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t row_bytes, int64_t r0, int64_t r1,
                           uint8_t* tmp) {
-    const GgmlType type = repacked_type_of_rows(file, row_bytes);
     const int64_t tr = tile_rows(type), full = rows / tr * tr;
     for (int64_t r = r0; r < r1; r += tr) {
         const int64_t n = std::min<int64_t>(tr, r1 - r);
@@ -96,17 +91,18 @@ void repack_rows_in_place(GgmlType file, uint8_t* data, int64_t rows, int64_t ro
 void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst) {
     const auto* data = static_cast<const uint8_t*>(w.data);
     const int64_t rb = static_cast<int64_t>(w.row_bytes);
-    if (w.type == TYPE_PTQ1_0_R16) {  // whole tiles, through a copy for a tile the range cuts
+    if (w.type == TYPE_PTQ1_0_R16 || w.type == TYPE_PTQ1_0_R16L) {  // whole tiles, through a copy for a tile the range cuts
+        const bool code = w.type == TYPE_PTQ1_0_R16L;
         const int64_t nb = rb / static_cast<int64_t>(sizeof(block_ptq1_0));
         std::vector<uint8_t> tile;
         for (int64_t r = r0; r < r1;) {
             const int64_t t = r / kR16Rows * kR16Rows, n = std::min<int64_t>(kR16Rows, w.rows - t);
             const int64_t e = std::min(r1, t + n);
             if (r == t && e == t + n) {
-                unpack_ptq1_0_r16_tile(data + t * rb, dst + (r - r0) * rb, static_cast<int>(n), nb);
+                unpack_ptq1_0_r16_tile(data + t * rb, dst + (r - r0) * rb, static_cast<int>(n), nb, code);
             } else {
                 tile.resize(static_cast<size_t>(n * rb));
-                unpack_ptq1_0_r16_tile(data + t * rb, tile.data(), static_cast<int>(n), nb);
+                unpack_ptq1_0_r16_tile(data + t * rb, tile.data(), static_cast<int>(n), nb, code);
                 std::memcpy(dst + (r - r0) * rb, tile.data() + (r - t) * rb, static_cast<size_t>((e - r) * rb));
             }
             r = e;

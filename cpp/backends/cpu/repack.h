@@ -2,8 +2,11 @@
 // --no-repack keeps the file's order). Model::load writes them while it copies the CPU's streamed
 // weights into huge pages, or in place in a file read into memory (--no-mmap), when the AVX-512
 // path is active; the one-token AVX-512 kernel reads them, every other kernel (the GEMM a panel at
-// a time) reads rows converted back (unpack_rows). The bytes are the file's, so are the results.
+// a time) reads rows converted back (unpack_rows). The trits and scales are the file's, so are the
+// results.
 //   PTQ1_0_R16 PTQ1_0 weights, sixteen rows at a time interleaved dword by dword (ptq1_0_r16.h).
+//   PTQ1_0_R16L the same with the trit bytes in a code AVX-512 VBMI reads by lookups, on hosts with
+//              VBMI (ptq1_0_r16.h; R16 elsewhere).
 //   Q8_0_R4    Q8_0 rows of 2 or more blocks, four rows at a time in groups of four blocks (below).
 //
 // Q8_0_R4: each full tile of 4 rows (rows 4t..4t+3, nb blocks each) keeps the bytes
@@ -32,10 +35,10 @@ GgmlType repacked_type(GgmlType type, int64_t cols);
 // The file's type of a repacked type (any other type: itself).
 GgmlType file_type(GgmlType type);
 bool is_repacked(GgmlType type);
-// Whether a repacked type's tiles interleave their rows (Q8_0_R4, PTQ1_0_R16): every kernel but the
+// Whether a repacked type's tiles interleave their rows (Q8_0_R4, PTQ1_0_R16/R16L): every kernel but the
 // one-token AVX-512 tile reads them through unpack_rows.
 bool rows_interleaved(GgmlType type);
-// Rows per tile of a weight of `type`: 16 for PTQ1_0_R16, 4 otherwise. Work is split, and weights
+// Rows per tile of a weight of `type`: 16 for PTQ1_0_R16/R16L, 4 otherwise. Work is split, and weights
 // repacked (tile_rows(repacked_type(...))), in whole tiles.
 int64_t tile_rows(GgmlType type);
 constexpr int64_t kMaxTileRows = 16;  // the largest tile_rows
@@ -49,15 +52,15 @@ constexpr int64_t q8r4_scales_offset(int64_t nb, int64_t g) {
 }
 constexpr int64_t q8r4_rest_offset(int64_t nb) { return nb / kQ8R4Blocks * 544; }
 
-// Rows [r0, r1) of a weight of `rows` rows, row_bytes each, from the file's layout at src to
-// repacked_type(file)'s at dst (the same offsets: row r's bytes stay in [r rb, (r + 1) rb) of its
-// tile). r0 and r1 must be multiples of its tile_rows or r1 == rows. src and dst must not overlap.
-void repack_rows(GgmlType file, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
+// Rows [r0, r1) of a weight of `rows` rows, row_bytes each, from its file type's layout at src to
+// the repacked type `type`'s at dst (the same offsets: row r's bytes stay in [r rb, (r + 1) rb) of
+// its tile). r0 and r1 must be multiples of its tile_rows or r1 == rows. src and dst must not overlap.
+void repack_rows(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
                  int64_t r1);
 
 // The same in place: rows [r0, r1) of the weight at data rewritten, each tile through tmp
 // (its tile_rows row_bytes).
-void repack_rows_in_place(GgmlType file, uint8_t* data, int64_t rows, int64_t row_bytes, int64_t r0, int64_t r1,
+void repack_rows_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t row_bytes, int64_t r0, int64_t r1,
                           uint8_t* tmp);
 
 // Rows [r0, r1) of a repacked weight in the file's layout, row after row at dst.

@@ -106,8 +106,9 @@ void cuda_dequantize(GgmlType type, const void* host_src, float* host_dst, int64
         throw Error("CUDA dequantize: " + std::to_string(n) +
                     " elements is not a multiple of the " + t->name + " block size " +
                     std::to_string(t->block_size));
-    if (type == TYPE_PTQ1_0_R16 || type == TYPE_Q8_0_R4)
-        throw Error("CUDA dequantize: " + std::string(type == TYPE_Q8_0_R4 ? "Q8_0_R4" : "PTQ1_0_R16") +
+    if (type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L || type == TYPE_Q8_0_R4)
+        throw Error("CUDA dequantize: " +
+                    std::string(type == TYPE_Q8_0_R4 ? "Q8_0_R4" : type == TYPE_PTQ1_0_R16 ? "PTQ1_0_R16" : "PTQ1_0_R16L") +
                     " is an in-memory order of the CPU backend; pass the rows in the file's type");
     if (n == 0) return;
     const size_t in_bytes = type_row_bytes(type, n);
@@ -131,6 +132,7 @@ void cuda_dequantize(GgmlType type, const void* host_src, float* host_dst, int64
         case TYPE_PQ2_0: launch<TYPE_PQ2_0>(s, d, n); break;
         case TYPE_PTQ1_0: launch<TYPE_PTQ1_0>(s, d, n); break;
         case TYPE_PTQ1_0_R16:  // checked before the copy below
+        case TYPE_PTQ1_0_R16L:
         case TYPE_Q8_0_R4:
             break;
     }

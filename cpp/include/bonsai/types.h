@@ -3,8 +3,8 @@
 // Id 42 has two meanings in the wild: mainline llama.cpp's Q2_0 (64 elements, 18 bytes per block)
 // and the legacy PrismML Q2_0 (128 elements, 34 bytes). Inside the engine the second one is the
 // distinct value TYPE_Q2_0_G128, which is never written as an id: it is stored as 42 and told apart
-// from TYPE_Q2_0 by the tensor's byte size when a file is read (resolve_type_42). TYPE_PTQ1_0_R16 and
-// TYPE_Q8_0_R4 are never in a file either: they mark weights whose bytes the CPU backend reordered
+// from TYPE_Q2_0 by the tensor's byte size when a file is read (resolve_type_42). TYPE_PTQ1_0_R16,
+// TYPE_PTQ1_0_R16L and TYPE_Q8_0_R4 are never in a file either: they mark weights whose bytes the CPU backend reordered
 // after loading them.
 #pragma once
 
@@ -28,6 +28,7 @@ enum GgmlType : uint32_t {
     TYPE_Q2_0_G128 = 0x1000 + 42,  // engine-internal; file id 42
     TYPE_Q8_0_R4 = 0x1000 + 8,     // engine-internal: Q8_0 rows interleaved in memory (backends/cpu/repack.h)
     TYPE_PTQ1_0_R16 = 0x1000 + 143, // engine-internal: PTQ1_0 rows interleaved in memory (backends/cpu/repack.h)
+    TYPE_PTQ1_0_R16L = 0x2000 + 143, // engine-internal: the same with trit bytes in a lookup code (ptq1_0_r16.h)
 };
 
 struct TypeTraits {
