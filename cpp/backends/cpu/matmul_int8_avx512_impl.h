@@ -383,15 +383,19 @@ BONSAI_AVX512 inline __m512i dpbusd_bcast(__m512i acc, __m512i codes, const int8
 
 struct KPtq1R16 {};
 
-// PTQ1_0_R16, one tile of n rows (16, or the weight's last n < 16) x 1 token (ptq1_0_r16.h,
-// int8_layout.h): lane r of every vector is row r. Per block: each of the six qs vectors gives trit
-// 0 by trit0_products (its bytes and 3 b mod 256 into zb, zm) and trits 1..4 by lookups of its key,
-// each multiplied with its activation dword broadcast; the tail vector's 2-bit qh fields add four
-// more; two accumulators alternate so the dependent chain is half as long. Then isum_b =
-// s + trit0_sum - asum_b, exact in every lane, and acc = fma(d_b, isum_b, acc) block after block: the
-// scalar kernel's operations, so the results are bit-identical to it. The next tile's block is
-// prefetched (kPrefetchRows = 16 rows ahead). A partial tile loads its n lanes masked.
-template <bool kFull>
+// PTQ1_0_R16 / R16L, one tile of n rows (16, or the weight's last n < 16) x 1 token (ptq1_0_r16.h,
+// int8_layout.h): lane r of every vector is row r. Per block, each of the six qs vectors gives its
+// five trits, each multiplied with its activation dword broadcast:
+//   R16 (base-3 bytes): trit 0 by trit0_products (its bytes and 3 b mod 256 into zb, zm), trits
+//     1..4 by lookups of its stand-in key;
+//   R16L (kCode, VBMI only: the R16 code): vpermb lookups of the codes' low six bits give trits 0
+//     and 1, and of (key ^ code >> 2) trits 2..4 (no trit-0 products, masks or stand-in keys).
+// The tail vector's 2-bit qh fields add four more; two accumulators alternate so the dependent chain
+// is half as long. Then isum_b = s (+ trit0_sum) - asum_b, exact in every lane, and acc =
+// fma(d_b, isum_b, acc) block after block: the scalar kernel's operations, so the results are
+// bit-identical to it. The next tile's block is prefetched (kPrefetchRows = 16 rows ahead). A
+// partial tile loads its n lanes masked.
+template <bool kFull, bool kCode>
 BONSAI_AVX512 __m512 tile_r16(const uint8_t* p0, int n, const int8_t* act, const int32_t* asum, int64_t nb,
                               int64_t prefetch_stride) {
     const int64_t bb = static_cast<int64_t>(sizeof(block_ptq1_0)) * n;  // bytes of a block of the tile
@@ -404,64 +408,34 @@ BONSAI_AVX512 __m512 tile_r16(const uint8_t* p0, int n, const int8_t* act, const
         if constexpr (kFull)
             for (int l = 0; l < kR16Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(q + prefetch_stride + l), kStreamPrefetchHint);
         __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        __m512i zb = _mm512_setzero_si512(), zm = _mm512_setzero_si512();
-        for (int k = 0; k < 6; ++k) {
-            const __m512i src = kFull ? _mm512_loadu_si512(q + 64 * k) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * k);
-            const __mmask64 top = _mm512_movepi8_mask(src);
-            const __m512i key = trit_key(src, top);
-            const int8_t* ak = ab + 4 * (5 * k);
-            zb = dpbusd_bcast(zb, src, ak);
-            zm = dpbusd_bcast(zm, _mm512_add_epi8(_mm512_add_epi8(src, src), src), ak);  // 3 b mod 256
-            for (int t = 1; t < 5; ++t) s[t % 2] = dpbusd_bcast(s[t % 2], trit_n(src, key, top, t), ak + 4 * t);
-        }
-        const __m512i tail = kFull ? _mm512_loadu_si512(q + 64 * 6) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * 6);
-        for (int f = 0; f < 4; ++f)
-            s[f % 2] = dpbusd_bcast(s[f % 2], _mm512_and_si512(f == 0 ? tail : _mm512_srli_epi16(tail, 2 * f), m3),
-                                    ab + 4 * (30 + f));
-        __m512i isum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), trit0_sum(zb, zm));
-        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(asum[b]));
-        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail, 16)));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
-    }
-    return acc;
-}
-
-#if BONSAI_TRIT_LUT
-// PTQ1_0_R16L, one tile of n rows (16, or the weight's last n < 16) x 1 token (ptq1_0_r16.h,
-// int8_layout.h): tile_r16's products in tile_r16's order, the trits read from R16 codes instead of
-// base-3 bytes. Per block: vpermb lookups of each qs vector's low six bits give trits 0 and 1, and
-// of (key ^ code >> 2) trits 2..4 (no trit-0 products, masks or stand-in keys), each multiplied
-// with its activation dword broadcast; the tail vector's 2-bit qh fields add four more; two
-// accumulators alternate. Then isum_b = s - asum_b and acc = fma(d_b, isum_b, acc) block after
-// block, bit-identical to the scalar kernel. (VBMI only: with it switched off R16L is read
-// converted back.)
-template <bool kFull>
-BONSAI_AVX512 __m512 tile_r16l(const uint8_t* p0, int n, const int8_t* act, const int32_t* asum, int64_t nb,
-                              int64_t prefetch_stride) {
-    const int64_t bb = static_cast<int64_t>(sizeof(block_ptq1_0)) * n;  // bytes of a block of the tile
-    const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1);
-    const __m512i m3 = _mm512_set1_epi8(3);
-    const __m512i t0 = _mm512_load_si512(kR16Qs.t0), t1 = _mm512_load_si512(kR16Qs.t1);
-    const __m512i key = _mm512_load_si512(kR16Qs.key);
-    const __m512i t2 = _mm512_load_si512(kR16Qs.t2), t3 = _mm512_load_si512(kR16Qs.t3), t4 = _mm512_load_si512(kR16Qs.t4);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* q = p0 + b * bb;
-        const int8_t* ab = act + b * kR16ActVectors * 64;
-        if constexpr (kFull)
-            for (int l = 0; l < kR16Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(q + prefetch_stride + l), kStreamPrefetchHint);
-        __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        for (int k = 0; k < 6; ++k) {
-            const __m512i src = kFull ? _mm512_loadu_si512(q + 64 * k) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * k);
-            const int8_t* ak = ab + 4 * (5 * k);
-            // every byte's code >> 2 in its low six bits (the bits shifted in from the next byte
-            // land in bits 6 and 7, which vpermb ignores)
-            const __m512i idx = _mm512_xor_si512(_mm512_permutexvar_epi8(src, key), _mm512_srli_epi16(src, 2));
-            s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(src, t0), ak);
-            s[1] = dpbusd_bcast(s[1], _mm512_permutexvar_epi8(src, t1), ak + 4);
-            s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(idx, t2), ak + 8);
-            s[1] = dpbusd_bcast(s[1], _mm512_permutexvar_epi8(idx, t3), ak + 12);
-            s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(idx, t4), ak + 16);
+        if constexpr (kCode) {
+            const __m512i t0 = _mm512_load_si512(kR16Qs.t0), t1 = _mm512_load_si512(kR16Qs.t1);
+            const __m512i key = _mm512_load_si512(kR16Qs.key), t2 = _mm512_load_si512(kR16Qs.t2);
+            const __m512i t3 = _mm512_load_si512(kR16Qs.t3), t4 = _mm512_load_si512(kR16Qs.t4);
+            for (int k = 0; k < 6; ++k) {
+                const __m512i src = kFull ? _mm512_loadu_si512(q + 64 * k) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * k);
+                const int8_t* ak = ab + 4 * (5 * k);
+                // every byte's code >> 2 in its low six bits (the bits shifted in from the next byte
+                // land in bits 6 and 7, which vpermb ignores)
+                const __m512i idx = _mm512_xor_si512(_mm512_permutexvar_epi8(src, key), _mm512_srli_epi16(src, 2));
+                s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(src, t0), ak);
+                s[1] = dpbusd_bcast(s[1], _mm512_permutexvar_epi8(src, t1), ak + 4);
+                s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(idx, t2), ak + 8);
+                s[1] = dpbusd_bcast(s[1], _mm512_permutexvar_epi8(idx, t3), ak + 12);
+                s[0] = dpbusd_bcast(s[0], _mm512_permutexvar_epi8(idx, t4), ak + 16);
+            }
+        } else {
+            __m512i zb = _mm512_setzero_si512(), zm = _mm512_setzero_si512();
+            for (int k = 0; k < 6; ++k) {
+                const __m512i src = kFull ? _mm512_loadu_si512(q + 64 * k) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * k);
+                const __mmask64 top = _mm512_movepi8_mask(src);
+                const __m512i key = trit_key(src, top);
+                const int8_t* ak = ab + 4 * (5 * k);
+                zb = dpbusd_bcast(zb, src, ak);
+                zm = dpbusd_bcast(zm, _mm512_add_epi8(_mm512_add_epi8(src, src), src), ak);  // 3 b mod 256
+                for (int t = 1; t < 5; ++t) s[t % 2] = dpbusd_bcast(s[t % 2], trit_n(src, key, top, t), ak + 4 * t);
+            }
+            s[0] = _mm512_add_epi32(s[0], trit0_sum(zb, zm));
         }
         const __m512i tail = kFull ? _mm512_loadu_si512(q + 64 * 6) : _mm512_maskz_loadu_epi32(lanes, q + 4 * n * 6);
         for (int f = 0; f < 4; ++f)
@@ -473,7 +447,6 @@ BONSAI_AVX512 __m512 tile_r16l(const uint8_t* p0, int n, const int8_t* act, cons
     }
     return acc;
 }
-#endif
 
 template <class K>
 BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, int64_t r1, float* y) {
@@ -505,12 +478,12 @@ BONSAI_AVX512 void run_int8(const WeightView& w, const ActInt8& a, int64_t r0, i
                 __m512 v;
 #if BONSAI_TRIT_LUT
                 if (w.type == TYPE_PTQ1_0_R16L)
-                    v = n == kR16Rows ? tile_r16l<true>(p0, n, act, asum, nb, prefetch_stride)
-                                      : tile_r16l<false>(p0, n, act, asum, nb, prefetch_stride);
+                    v = n == kR16Rows ? tile_r16<true, true>(p0, n, act, asum, nb, prefetch_stride)
+                                      : tile_r16<false, true>(p0, n, act, asum, nb, prefetch_stride);
                 else
 #endif
-                    v = n == kR16Rows ? tile_r16<true>(p0, n, act, asum, nb, prefetch_stride)
-                                      : tile_r16<false>(p0, n, act, asum, nb, prefetch_stride);
+                    v = n == kR16Rows ? tile_r16<true, false>(p0, n, act, asum, nb, prefetch_stride)
+                                      : tile_r16<false, false>(p0, n, act, asum, nb, prefetch_stride);
                 alignas(64) float out[kR16Rows];
                 _mm512_store_ps(out, _mm512_mul_ps(v, _mm512_set1_ps(a.scale[t])));
                 for (int64_t i = std::max(r0, t0); i < std::min(t0 + n, r1); ++i) y[t * rows + i] = out[i - t0];
