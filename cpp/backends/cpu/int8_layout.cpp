@@ -173,7 +173,7 @@ const Int8Layout* one_token_q8_0_r4() {
 
 }  // namespace
 
-int64_t tile_batch_tokens(GgmlType type) { return type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L ? 8 : 4; }
+int64_t tile_batch_tokens(GgmlType type) { return is_r16(type) ? 8 : 4; }
 
 const Int8Layout* int8_layout_for(GgmlType type, CpuPath path, int64_t n_tokens) {
     if (path == CpuPath::AVX512 && n_tokens <= tile_batch_tokens(type)) {

@@ -77,9 +77,8 @@ void pack_ptq1_0_r16_tile(const uint8_t* src, uint8_t* dst, int n, int64_t n_blo
             const uint8_t* s = src + (r * n_blocks + b) * kBlock;
             uint8_t* d = dst + b * bb + 4 * r;
             for (int k = 0; k < 6; ++k) {
-                std::memcpy(d + 4 * n * k, s + 4 * k, 4);
-                if (code)
-                    for (int i = 0; i < 4; ++i) d[4 * n * k + i] = kQs.code[s[4 * k + i]];
+                if (!code) std::memcpy(d + 4 * n * k, s + 4 * k, 4);
+                else for (int i = 0; i < 4; ++i) d[4 * n * k + i] = kQs.code[s[4 * k + i]];
             }
             const uint8_t tail[4] = {kQh.fields[s[24]], kQh.fields[s[25]], s[26], s[27]};
             std::memcpy(d + 4 * n * 6, tail, 4);
@@ -93,9 +92,8 @@ void unpack_ptq1_0_r16_tile(const uint8_t* src, uint8_t* dst, int n, int64_t n_b
             const uint8_t* s = src + b * bb + 4 * r;
             uint8_t* d = dst + (r * n_blocks + b) * kBlock;
             for (int k = 0; k < 6; ++k) {
-                std::memcpy(d + 4 * k, s + 4 * n * k, 4);
-                if (code)
-                    for (int i = 0; i < 4; ++i) d[4 * k + i] = kQs.byte[s[4 * n * k + i]];
+                if (!code) std::memcpy(d + 4 * k, s + 4 * n * k, 4);
+                else for (int i = 0; i < 4; ++i) d[4 * k + i] = kQs.byte[s[4 * n * k + i]];
             }
             const uint8_t* tail = s + 4 * n * 6;
             d[24] = kQh.base3[tail[0]];

@@ -38,7 +38,7 @@ void interleave_q8_tile(const uint8_t* src, uint8_t* dst, int64_t rb, bool forwa
 // One tile of a weight of repacked type `type`: its n rows (tile_rows(type), or fewer after the last
 // full tile: `full` says which) from src to dst, both pointing at the tile's first row.
 void repack_tile(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t n, int64_t row_bytes, bool full) {
-    if (type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L) {
+    if (is_r16(type)) {
         pack_ptq1_0_r16_tile(src, dst, static_cast<int>(n), row_bytes / static_cast<int64_t>(sizeof(block_ptq1_0)),
                              type == TYPE_PTQ1_0_R16L);
     } else if (full) {
@@ -57,16 +57,16 @@ GgmlType repacked_type(GgmlType type, int64_t cols) {
 }
 
 GgmlType file_type(GgmlType type) {
-    if (type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L) return TYPE_PTQ1_0;
+    if (is_r16(type)) return TYPE_PTQ1_0;
     if (type == TYPE_Q8_0_R4) return TYPE_Q8_0;
     return type;
 }
 
 bool is_repacked(GgmlType type) { return file_type(type) != type; }
 
-bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4 || type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L; }
+bool rows_interleaved(GgmlType type) { return type == TYPE_Q8_0_R4 || is_r16(type); }
 
-int64_t tile_rows(GgmlType type) { return type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L ? kR16Rows : 4; }
+int64_t tile_rows(GgmlType type) { return is_r16(type) ? kR16Rows : 4; }
 static_assert(kMaxTileRows == kR16Rows);
 
 void repack_rows(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, int64_t r0,
@@ -91,7 +91,7 @@ void repack_rows_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t ro
 void unpack_rows(const WeightView& w, int64_t r0, int64_t r1, uint8_t* dst) {
     const auto* data = static_cast<const uint8_t*>(w.data);
     const int64_t rb = static_cast<int64_t>(w.row_bytes);
-    if (w.type == TYPE_PTQ1_0_R16 || w.type == TYPE_PTQ1_0_R16L) {  // whole tiles, through a copy for a tile the range cuts
+    if (is_r16(w.type)) {  // whole tiles, through a copy for a tile the range cuts
         const bool code = w.type == TYPE_PTQ1_0_R16L;
         const int64_t nb = rb / static_cast<int64_t>(sizeof(block_ptq1_0));
         std::vector<uint8_t> tile;

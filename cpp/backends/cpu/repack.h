@@ -35,6 +35,8 @@ GgmlType repacked_type(GgmlType type, int64_t cols);
 // The file's type of a repacked type (any other type: itself).
 GgmlType file_type(GgmlType type);
 bool is_repacked(GgmlType type);
+// Whether `type` is one of the PTQ1_0 16-row tiles (PTQ1_0_R16 or R16L).
+inline bool is_r16(GgmlType type) { return type == TYPE_PTQ1_0_R16 || type == TYPE_PTQ1_0_R16L; }
 // Whether a repacked type's tiles interleave their rows (Q8_0_R4, PTQ1_0_R16/R16L): every kernel but the
 // one-token AVX-512 tile reads them through unpack_rows.
 bool rows_interleaved(GgmlType type);
