@@ -339,7 +339,7 @@ static void test_one_token_takeover() {
 // and R16L tiles their qs bytes too (ptq1_0_r16.h), so those bytes come back in the quantizers' form
 // (pack_trits4 / pack_trits5 of the byte's trits); other types are unchanged.
 static std::vector<uint8_t> canonical_trits(GgmlType type, std::vector<uint8_t> w, int64_t rows, size_t rb) {
-    if (type != TYPE_PTQ1_0_R16 && type != TYPE_PTQ1_0_R16L) return w;
+    if (!cpu::is_r16(type)) return w;
     const size_t nb = rb / sizeof(block_ptq1_0);
     for (int64_t r = 0; r < rows; ++r)
         for (size_t b = 0; b < nb; ++b) {
@@ -387,7 +387,7 @@ static void test_r16_code() {
 // and 16 (R16 tiles of 16 rows, and a last tile of fewer); get_rows agrees (test_no_read_past_end
 // covers them too).
 static void test_repacked() {
-    CHECK(cpu::repacked_type(TYPE_PTQ1_0, 128) == (cpu::cpu_has_avx512_vbmi() ? TYPE_PTQ1_0_R16L : TYPE_PTQ1_0_R16));
+    CHECK(cpu::repacked_type(TYPE_PTQ1_0, 128) == (cpu::avx512_vbmi_enabled() ? TYPE_PTQ1_0_R16L : TYPE_PTQ1_0_R16));
     CHECK(cpu::repacked_type(TYPE_Q8_0, 32) == TYPE_Q8_0);
     CHECK(cpu::tile_rows(TYPE_PTQ1_0_R16) == 16 && cpu::tile_rows(TYPE_PTQ1_0_R16L) == 16 && cpu::tile_rows(TYPE_PTQ1_0) == 4);
     CHECK(cpu::repacked_type(TYPE_TQ2_0, 4096) == TYPE_TQ2_0 && !cpu::is_repacked(TYPE_Q8_0));

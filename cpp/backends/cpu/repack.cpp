@@ -51,7 +51,8 @@ void repack_tile(GgmlType type, const uint8_t* src, uint8_t* dst, int64_t n, int
 }  // namespace
 
 GgmlType repacked_type(GgmlType type, int64_t cols) {
-    if (type == TYPE_PTQ1_0 && cols >= QK_PTQ1_0) return cpu_has_avx512_vbmi() ? TYPE_PTQ1_0_R16L : TYPE_PTQ1_0_R16;
+    // (R16L only where the kernels read its code natively: int8_layout_for decides by the same switch)
+    if (type == TYPE_PTQ1_0 && cols >= QK_PTQ1_0) return avx512_vbmi_enabled() ? TYPE_PTQ1_0_R16L : TYPE_PTQ1_0_R16;
     if (type == TYPE_Q8_0 && cols >= 2 * QK8_0) return TYPE_Q8_0_R4;
     return type;
 }

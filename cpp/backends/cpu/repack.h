@@ -30,7 +30,8 @@
 
 namespace bonsai::cpu {
 
-// The type Model::load stores a weight of `type` and `cols` columns as (type itself: unchanged).
+// The type Model::load stores a weight of `type` and `cols` columns as (type itself: unchanged);
+// PTQ1_0 becomes PTQ1_0_R16L while AVX-512 VBMI is enabled (avx512_vbmi_enabled), R16 otherwise.
 GgmlType repacked_type(GgmlType type, int64_t cols);
 // The file's type of a repacked type (any other type: itself).
 GgmlType file_type(GgmlType type);
